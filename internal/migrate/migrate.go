@@ -1,0 +1,130 @@
+// Package migrate applies the embedded schema migrations in sql/migrations.
+//
+// Each migration runs in its own transaction together with the row that
+// records it in outbox_schema_migrations, so a migration is applied entirely
+// or not at all. A session-level advisory lock serializes concurrent runs:
+// two processes starting at once both succeed, and the second applies nothing.
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// lockKey is the advisory lock that serializes migration runs ("outbox-m").
+const lockKey int64 = 0x6f7574626f782d6d
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// Result says what a run did.
+type Result struct {
+	Applied []Migration // applied by this run, in order
+	Current int         // schema version after the run
+}
+
+// All returns the embedded migrations in version order.
+func All() ([]Migration, error) {
+	return load(outboxsql.Migrations, "migrations")
+}
+
+func load(fsys fs.FS, dir string) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var out []Migration
+	seen := map[int]string{}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %q: name must be NNNN_description.sql", e.Name())
+		}
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migrations %q and %q share version %d", prev, e.Name(), v)
+		}
+		seen[v] = e.Name()
+		b, err := fs.ReadFile(fsys, path.Join(dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("read migration %q: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Up applies every embedded migration that the database has not recorded yet.
+func Up(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
+	migrations, err := All()
+	if err != nil {
+		return Result{}, err
+	}
+	return apply(ctx, pool, migrations)
+}
+
+func apply(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) (Result, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("migrate: connect: %w", err)
+	}
+	defer conn.Release()
+
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return Result{}, fmt.Errorf("migrate: take lock: %w", err)
+	}
+	defer func() {
+		// Unlock even if ctx was cancelled; a broken connection drops the lock anyway.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey)
+	}()
+
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+		version    integer     PRIMARY KEY,
+		name       text        NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return Result{}, fmt.Errorf("migrate: create outbox_schema_migrations: %w", err)
+	}
+
+	var current int
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_schema_migrations").Scan(&current); err != nil {
+		return Result{}, fmt.Errorf("migrate: read version: %w", err)
+	}
+
+	res := Result{Current: current}
+	for _, m := range migrations {
+		if m.Version <= current {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO outbox_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return res, fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+		}
+		res.Applied = append(res.Applied, m)
+		res.Current = m.Version
+	}
+	return res, nil
+}

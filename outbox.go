@@ -1,0 +1,165 @@
+// Package outbox is the write side of a transactional outbox on PostgreSQL.
+//
+// Write inserts events into outbox_messages inside the caller's pgx.Tx, so an
+// event is committed if and only if the business change it describes is. The
+// relay package publishes committed events to Redis Streams; the fraud package
+// is an example consumer. Use Write for any aggregate and event type:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, "UPDATE accounts SET ..."); err != nil {
+//			return err
+//		}
+//		_, err := outbox.Write(ctx, tx, outbox.Message{
+//			AggregateType: "account",
+//			AggregateID:   accountID,
+//			EventType:     "account.credited",
+//			Payload:       payloadJSON,
+//		})
+//		return err
+//	})
+//
+// Delivery downstream is at least once: consumers deduplicate on the event id.
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Message is one event to write to the outbox.
+type Message struct {
+	// ID is the event id consumers deduplicate on. Zero means a new UUIDv7
+	// (time-ordered, which keeps the primary key index compact).
+	ID uuid.UUID
+	// AggregateType names the kind of entity, e.g. "transfer". It selects the
+	// Redis stream (outbox.event.<aggregate_type> by default), so it must match
+	// AggregateTypePattern.
+	AggregateType string
+	// AggregateID identifies the entity. Events of one aggregate are published
+	// in the order they were written.
+	AggregateID string
+	// EventType names what happened, e.g. "transfer.settled".
+	EventType string
+	// Payload is the event body, a JSON document.
+	Payload json.RawMessage
+	// Headers are optional metadata (e.g. a W3C traceparent), sent along with
+	// the event.
+	Headers map[string]string
+}
+
+// AggregateTypePattern is what an aggregate type must match; the database
+// enforces the same rule with a CHECK constraint.
+var AggregateTypePattern = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,100}$`)
+
+// ErrInvalidMessage is wrapped by every error Write returns for a message
+// that cannot be written; nothing is written in that case.
+var ErrInvalidMessage = errors.New("invalid outbox message")
+
+// Validate reports why m cannot be written, or nil.
+func (m Message) Validate() error {
+	switch {
+	case !AggregateTypePattern.MatchString(m.AggregateType):
+		return fmt.Errorf("%w: aggregate type %q must match %s", ErrInvalidMessage, m.AggregateType, AggregateTypePattern)
+	case m.AggregateID == "" || len(m.AggregateID) > 200:
+		return fmt.Errorf("%w: aggregate id must have 1 to 200 bytes", ErrInvalidMessage)
+	case m.EventType == "" || len(m.EventType) > 200:
+		return fmt.Errorf("%w: event type must have 1 to 200 bytes", ErrInvalidMessage)
+	case !json.Valid(m.Payload):
+		return fmt.Errorf("%w: payload of %s is not valid JSON", ErrInvalidMessage, m.EventType)
+	}
+	return nil
+}
+
+// Written describes one row Write inserted.
+type Written struct {
+	ID  uuid.UUID // the event id
+	Seq int64     // its position in the outbox's publication order
+}
+
+// Write inserts msgs into outbox_messages in tx, in one statement, and returns
+// the event ids in the order of msgs. The rows become visible (and the relay is
+// notified) only when tx commits.
+//
+// Writers of one aggregate are serialized until commit (a transaction-scoped
+// advisory lock taken by the outbox_messages_order trigger), which is what
+// makes per-aggregate publication order equal commit order. Messages of one
+// call are inserted grouped by aggregate so that two calls never take those
+// locks in opposite orders; across calls, write aggregates in a consistent
+// order as you would lock rows.
+func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	n := len(msgs)
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(
+			cmp.Compare(msgs[a].AggregateType, msgs[b].AggregateType),
+			cmp.Compare(msgs[a].AggregateID, msgs[b].AggregateID))
+	})
+
+	var (
+		ids      = make([]uuid.UUID, n)
+		aggTypes = make([]string, n)
+		aggIDs   = make([]string, n)
+		types    = make([]string, n)
+		payloads = make([]string, n)
+		headers  = make([]string, n)
+	)
+	for pos, i := range order {
+		m := msgs[i]
+		if err := m.Validate(); err != nil {
+			return nil, fmt.Errorf("message %d: %w", i, err)
+		}
+		if m.ID == uuid.Nil {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return nil, fmt.Errorf("new event id: %w", err)
+			}
+			m.ID = id
+		}
+		h := []byte("{}")
+		if len(m.Headers) > 0 {
+			var err error
+			if h, err = json.Marshal(m.Headers); err != nil {
+				return nil, fmt.Errorf("message %d: headers: %w", i, err)
+			}
+		}
+		ids[pos], aggTypes[pos], aggIDs[pos], types[pos] = m.ID, m.AggregateType, m.AggregateID, m.EventType
+		payloads[pos], headers[pos] = string(m.Payload), string(h)
+	}
+
+	rows, err := tx.Query(ctx, outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers)
+	if err != nil {
+		return nil, fmt.Errorf("insert outbox messages: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Written])
+	if err != nil {
+		return nil, fmt.Errorf("insert outbox messages: %w", err)
+	}
+	if len(inserted) != n {
+		return nil, fmt.Errorf("insert outbox messages: inserted %d rows, want %d", len(inserted), n)
+	}
+	seqOf := make(map[uuid.UUID]int64, n)
+	for _, w := range inserted {
+		seqOf[w.ID] = w.Seq
+	}
+	out := make([]Written, n)
+	for pos, i := range order {
+		out[i] = Written{ID: ids[pos], Seq: seqOf[ids[pos]]}
+	}
+	return out, nil
+}

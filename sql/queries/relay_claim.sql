@@ -1,0 +1,33 @@
+-- Claim up to $1 publishable rows for relay $3 with the fresh fencing token $2.
+--
+-- MATERIALIZED: the locking subquery runs exactly once, so LIMIT holds under
+-- concurrency (a plain IN (subquery) may be rescanned and lock more rows).
+-- SKIP LOCKED: concurrent relays take disjoint rows without waiting.
+-- NOT EXISTS: an event is claimable only when no older event of the same
+-- aggregate is still unpublished, which keeps per-aggregate order across
+-- relays, failures and backoff (a batch holds at most one event per aggregate).
+WITH picked AS MATERIALIZED (
+    SELECT o.id
+      FROM outbox_messages o
+     WHERE o.status = 'pending'
+       AND o.next_attempt_at <= now()
+       AND NOT EXISTS (
+           SELECT 1
+             FROM outbox_messages p
+            WHERE p.aggregate_type = o.aggregate_type
+              AND p.aggregate_id = o.aggregate_id
+              AND p.seq < o.seq
+              AND p.status IN ('pending', 'publishing'))
+     ORDER BY o.seq
+     LIMIT $1
+       FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox_messages o
+   SET status = 'publishing',
+       claimed_at = now(),
+       claimed_by = $3,
+       claim_token = $2
+  FROM picked
+ WHERE o.id = picked.id
+RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
+          o.payload, o.headers, o.attempts, o.created_at

@@ -1,0 +1,13 @@
+-- Record failed publishes of rows this claim still owns: one more attempt, the
+-- error kept, and either a retry after the given backoff or, once the attempts
+-- reach $5, the dead-letter status.
+UPDATE outbox_messages o
+   SET attempts = o.attempts + 1,
+       last_error = x.error,
+       status = CASE WHEN o.attempts + 1 >= $5 THEN 'dead' ELSE 'pending' END,
+       next_attempt_at = now() + x.backoff_ms * interval '1 millisecond',
+       claim_token = NULL
+  FROM unnest($1::uuid[], $2::text[], $3::bigint[]) AS x(id, error, backoff_ms)
+ WHERE o.id = x.id
+   AND o.claim_token = $4
+   AND o.status = 'publishing'

@@ -1,0 +1,8 @@
+-- Rows per status and the age of the oldest pending row, in seconds.
+SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
+       count(*) FILTER (WHERE status = 'publishing') AS publishing,
+       count(*) FILTER (WHERE status = 'published')  AS published,
+       count(*) FILTER (WHERE status = 'dead')       AS dead,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending')), 0)::float8
+                                                     AS oldest_pending_seconds
+  FROM outbox_messages
