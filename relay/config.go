@@ -1,0 +1,149 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultBatchSize      = 500
+	DefaultLease          = 30 * time.Second
+	DefaultPollInterval   = 5 * time.Second
+	DefaultPublishTimeout = 5 * time.Second
+	DefaultMaxAttempts    = 10
+	DefaultBackoffBase    = time.Second
+	DefaultBackoffMax     = 5 * time.Minute
+	DefaultStreamPrefix   = "outbox.event."
+	DefaultChannel        = "outbox_messages"
+)
+
+// MaxBatchSize bounds Config.BatchSize.
+const MaxBatchSize = 10_000
+
+var (
+	channelPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	streamPattern  = regexp.MustCompile(`^[A-Za-z0-9_.:{}-]{0,200}$`)
+)
+
+// Config tunes a Relay. The zero value of every field means its default.
+type Config struct {
+	// Name identifies this relay in claimed_by and logs. Default: hostname-pid.
+	Name string
+	// BatchSize is how many rows one claim takes (and one pipeline publishes).
+	BatchSize int
+	// Lease is how long a claim is valid. A row still publishing after the
+	// lease (its relay died or stalled) is returned to pending by the reaper.
+	// Measured on the database clock.
+	Lease time.Duration
+	// PollInterval is the fallback poll: the relay drains at least this often
+	// even without notifications, and pings its LISTEN connection when no
+	// notification arrived for that long.
+	PollInterval time.Duration
+	// ReapInterval is how often the reaper looks for expired leases.
+	// Default: Lease/2.
+	ReapInterval time.Duration
+	// PublishTimeout bounds one pipelined publish. Must be shorter than Lease.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many failed attempts make a row dead.
+	MaxAttempts int
+	// BackoffBase and BackoffMax bound the exponential backoff (with jitter)
+	// between attempts of one event.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// StreamPrefix makes the stream key <StreamPrefix><aggregate_type>, so all
+	// events of one aggregate share a stream and keep their order.
+	StreamPrefix string
+	// Stream, when set, is the one stream every event goes to instead.
+	Stream string
+	// Channel is the LISTEN channel the outbox trigger notifies.
+	Channel string
+	// ListenConfig is the connection used only for LISTEN. Default: the pool's
+	// connection config with application_name "<pool application_name>-listen".
+	ListenConfig *pgx.ConnConfig
+	// Logger receives the relay's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		host, _ := os.Hostname()
+		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = c.Lease / 2
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = min(DefaultPublishTimeout, c.Lease/2)
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BackoffBase == 0 {
+		c.BackoffBase = DefaultBackoffBase
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = max(DefaultBackoffMax, c.BackoffBase)
+	}
+	if c.StreamPrefix == "" && c.Stream == "" {
+		c.StreamPrefix = DefaultStreamPrefix
+	}
+	if c.Channel == "" {
+		c.Channel = DefaultChannel
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work, after defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("batch size %d: must be between 1 and %d", c.BatchSize, MaxBatchSize)
+	case c.Lease < time.Millisecond:
+		return fmt.Errorf("lease %s: must be at least 1ms", c.Lease)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("poll interval %s: must be at least 1ms", c.PollInterval)
+	case c.ReapInterval < time.Millisecond:
+		return fmt.Errorf("reap interval %s: must be at least 1ms", c.ReapInterval)
+	case c.PublishTimeout <= 0 || c.PublishTimeout >= c.Lease:
+		return fmt.Errorf("publish timeout %s: must be positive and shorter than the lease (%s)", c.PublishTimeout, c.Lease)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("max attempts %d: must be at least 1", c.MaxAttempts)
+	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase:
+		return fmt.Errorf("backoff %s..%s: base must be positive and not above max", c.BackoffBase, c.BackoffMax)
+	case !streamPattern.MatchString(c.StreamPrefix):
+		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
+	case !streamPattern.MatchString(c.Stream):
+		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
+	case !channelPattern.MatchString(c.Channel):
+		return fmt.Errorf("channel %q: must match %s", c.Channel, channelPattern)
+	}
+	return nil
+}
+
+// StreamKey returns the stream events of aggregateType are published to.
+func (c Config) StreamKey(aggregateType string) string {
+	c = c.withDefaults()
+	if c.Stream != "" {
+		return c.Stream
+	}
+	return c.StreamPrefix + aggregateType
+}

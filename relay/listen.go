@@ -1,0 +1,96 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+const (
+	listenConnectTimeout = 10 * time.Second
+	listenPingTimeout    = 5 * time.Second
+	listenBackoffMin     = 100 * time.Millisecond
+	listenBackoffMax     = 30 * time.Second
+	listenHealthyAfter   = time.Minute
+)
+
+// listenLoop keeps one dedicated connection LISTENing and turns every
+// notification into a wake-up. After each (re)connect it LISTENs first and
+// then wakes the drainer, so rows committed while disconnected are caught up
+// and none committed after the LISTEN can be missed.
+func (r *Relay) listenLoop(ctx context.Context) {
+	failures := 0
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := r.listen(ctx)
+		r.stats.listenUp.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > listenHealthyAfter {
+			failures = 0
+		}
+		failures++
+		d := backoff(failures, listenBackoffMin, listenBackoffMax)
+		r.log.Warn("listen connection lost; reconnecting", slog.Any("error", err),
+			slog.Int("attempt", failures), slog.Duration("retry_in", d))
+		// The poll ticker keeps draining meanwhile; wake it now too, since
+		// notifications are being lost.
+		r.kick()
+		sleep(ctx, d)
+	}
+}
+
+func (r *Relay) listen(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	conn, err := pgx.ConnectConfig(cctx, r.listenCfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+
+	lctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	_, err = conn.Exec(lctx, "LISTEN "+pgx.Identifier{r.cfg.Channel}.Sanitize())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", r.cfg.Channel, err)
+	}
+	r.stats.listenUp.Store(true)
+	r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
+	r.kick()
+
+	for {
+		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case n != nil:
+			r.stats.notifications.Add(1)
+			r.kick()
+		case ctx.Err() != nil:
+			return nil
+		case pgconn.Timeout(err) && !conn.IsClosed():
+			// Quiet for a poll interval. A socket read alone never notices a
+			// half-open connection; a write does.
+			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("ping: %w", err)
+			}
+		case err != nil:
+			return fmt.Errorf("wait for notification: %w", err)
+		default:
+			return errListenerClosed
+		}
+	}
+}

@@ -1,0 +1,406 @@
+// Package relay publishes committed outbox events to Redis Streams.
+//
+// A Relay listens on one dedicated PostgreSQL connection for the outbox
+// trigger's NOTIFY, and drains the outbox on every notification and on a slow
+// fallback poll. Draining claims a batch of rows with FOR UPDATE SKIP LOCKED
+// (status publishing, claimed_at, a fresh claim token), publishes them with
+// one pipelined round trip of XADDs outside any database transaction, then
+// marks published only the rows its claim still owns. A reaper returns claims
+// whose lease expired to pending. Any number of relays can run side by side.
+//
+// Delivery is at least once: a relay that dies between XADD and the mark, or
+// a stale relay fenced out after its lease, leaves a duplicate in the stream.
+// Consumers deduplicate on event_id.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/failpoint"
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Pipeliner is what the relay needs from Redis: *redis.Client satisfies it.
+type Pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// Relay moves events from outbox_messages to Redis Streams.
+type Relay struct {
+	cfg       Config
+	pool      *pgxpool.Pool
+	rdb       Pipeliner
+	log       *slog.Logger
+	listenCfg *pgx.ConnConfig
+	wake      chan struct{}
+	stats     counters
+
+	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
+}
+
+// Stats counts what a relay did since it started.
+type Stats struct {
+	Claimed       int64 // rows claimed
+	Published     int64 // rows marked published
+	Fenced        int64 // rows whose mark found another claim (stale relay)
+	Failed        int64 // failed publish attempts recorded
+	Released      int64 // rows given back without an attempt (broker down, shutdown)
+	Reaped        int64 // expired claims returned to pending
+	Notifications int64 // NOTIFYs received
+	Polls         int64 // fallback polls
+	PollsWithWork int64 // fallback polls that found rows (missed wake-ups)
+	ListenUp      bool  // LISTEN connection currently established
+}
+
+type counters struct {
+	claimed, published, fenced, failed, released, reaped atomic.Int64
+	notifications, polls, pollsWithWork                  atomic.Int64
+	listenUp                                             atomic.Bool
+}
+
+// New returns a relay that claims from pool and publishes to rdb. It checks
+// cfg but does not connect; Run does.
+func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("relay config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	listenCfg := cfg.ListenConfig
+	if listenCfg == nil {
+		listenCfg = pool.Config().ConnConfig.Copy()
+		app := listenCfg.RuntimeParams["application_name"]
+		if app == "" {
+			app = "outbox-relay"
+		}
+		listenCfg.RuntimeParams["application_name"] = app + "-listen"
+	}
+	return &Relay{
+		cfg:            cfg,
+		pool:           pool,
+		rdb:            rdb,
+		log:            cfg.Logger.With(slog.String("relay", cfg.Name)),
+		listenCfg:      listenCfg,
+		wake:           make(chan struct{}, 1),
+		qClaim:         outboxsql.Query("relay_claim"),
+		qMarkPublished: outboxsql.Query("relay_mark_published"),
+		qMarkFailed:    outboxsql.Query("relay_mark_failed"),
+		qRelease:       outboxsql.Query("relay_release"),
+		qReap:          outboxsql.Query("relay_reap"),
+	}, nil
+}
+
+// Config returns the relay's effective configuration.
+func (r *Relay) Config() Config { return r.cfg }
+
+// Stats returns a snapshot of the relay's counters.
+func (r *Relay) Stats() Stats {
+	s := &r.stats
+	return Stats{
+		Claimed: s.claimed.Load(), Published: s.published.Load(), Fenced: s.fenced.Load(),
+		Failed: s.failed.Load(), Released: s.released.Load(), Reaped: s.reaped.Load(),
+		Notifications: s.notifications.Load(), Polls: s.polls.Load(),
+		PollsWithWork: s.pollsWithWork.Load(), ListenUp: s.listenUp.Load(),
+	}
+}
+
+// Run relays until ctx is cancelled, then stops claiming, finishes (or
+// releases) the batch in flight and returns nil. It returns an error only if
+// it cannot start.
+func (r *Relay) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.log.Info("relay starting",
+		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
+		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
+
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listenLoop(ctx) })
+	wg.Go(func() { r.reapLoop(ctx) })
+	r.drainLoop(ctx)
+	cancel()
+	wg.Wait()
+	r.log.Info("relay stopped", slog.Int64("published", r.stats.published.Load()))
+	return nil
+}
+
+// kick wakes the drainer; wake-ups that arrive while it is busy coalesce into
+// one more drain, so none is lost.
+func (r *Relay) kick() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Relay) drainLoop(ctx context.Context) {
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	polled := false
+	for {
+		n, err := r.drain(ctx)
+		if polled && n > 0 {
+			r.stats.pollsWithWork.Add(1)
+		}
+		polled = false
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("drain failed; retrying after the next wake-up", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-poll.C:
+			r.stats.polls.Add(1)
+			polled = true
+		}
+	}
+}
+
+// drain publishes batches until a claim comes back short of a full batch,
+// backing off while the broker is unavailable. It returns the rows published.
+func (r *Relay) drain(ctx context.Context) (int, error) {
+	total, failures := 0, 0
+	for ctx.Err() == nil {
+		res, err := r.DrainBatch(ctx)
+		total += res.Published
+		switch {
+		case err != nil:
+			return total, err
+		case res.BrokerDown:
+			failures++
+			d := backoff(failures, 100*time.Millisecond, 10*time.Second)
+			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
+				slog.Duration("retry_in", d), slog.Any("error", res.Err))
+			sleep(ctx, d)
+		case res.Claimed < r.cfg.BatchSize:
+			return total, nil
+		default:
+			failures = 0
+		}
+	}
+	return total, nil
+}
+
+// BatchResult says what one DrainBatch did.
+type BatchResult struct {
+	Claimed    int   // rows claimed
+	Published  int   // rows marked published
+	Fenced     int   // rows published but no longer owned by this claim
+	Failed     int   // rows that failed (retry later, or dead)
+	Released   int   // rows given back without an attempt
+	BrokerDown bool  // Redis refused the batch as a whole
+	Err        error // the publish error behind Failed or BrokerDown, if any
+}
+
+// message is one claimed outbox row.
+type message struct {
+	ID            uuid.UUID
+	Seq           int64
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Attempts      int
+	CreatedAt     time.Time
+}
+
+// DrainBatch claims one batch, publishes it and records the outcome. Once rows
+// are claimed it finishes even if ctx is cancelled (bounded by the publish
+// timeout), so a shutdown never strands a claim until the lease expires.
+func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	token := uuid.New()
+	rows, err := r.pool.Query(ctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
+	if err != nil {
+		return BatchResult{}, fmt.Errorf("claim: %w", err)
+	}
+	msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[message])
+	if err != nil {
+		return BatchResult{}, fmt.Errorf("claim: %w", err)
+	}
+	res := BatchResult{Claimed: len(msgs)}
+	if len(msgs) == 0 {
+		return res, nil
+	}
+	r.stats.claimed.Add(int64(len(msgs)))
+	failpoint.Inject("relay.after-claim")
+
+	// From here on, finish the batch even if the caller is shutting down.
+	ctx = context.WithoutCancel(ctx)
+	ids, errs := r.publish(ctx, msgs)
+	failpoint.Inject("relay.after-xadd")
+
+	var (
+		okIDs, failIDs, releaseIDs []uuid.UUID
+		streamIDs, failErrs        []string
+		failDelays                 []int64
+	)
+	for i, m := range msgs {
+		switch {
+		case errs[i] == nil:
+			okIDs = append(okIDs, m.ID)
+			streamIDs = append(streamIDs, ids[i])
+		case brokerUnavailable(errs[i]):
+			res.BrokerDown = true
+			res.Err = errs[i]
+			releaseIDs = append(releaseIDs, m.ID)
+		default:
+			res.Err = errs[i]
+			failIDs = append(failIDs, m.ID)
+			failErrs = append(failErrs, truncate(errs[i].Error(), 1000))
+			failDelays = append(failDelays, backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax).Milliseconds())
+			r.log.Warn("publish failed", slog.String("event_id", m.ID.String()),
+				slog.String("event_type", m.EventType), slog.String("aggregate_id", m.AggregateID),
+				slog.Int("attempt", m.Attempts+1), slog.Any("error", errs[i]))
+		}
+	}
+
+	// The marks are fenced by the claim token: if our lease expired and another
+	// relay re-claimed a row, the row is left to that relay.
+	// The marks are fenced by the claim token: if our lease expired and another
+	// relay re-claimed a row, the row is left to that relay.
+	if len(okIDs) > 0 {
+		tag, err := r.pool.Exec(ctx, r.qMarkPublished, okIDs, streamIDs, token)
+		if err != nil {
+			return res, fmt.Errorf("mark %d rows published: %w", len(okIDs), err)
+		}
+		res.Published = int(tag.RowsAffected())
+		res.Fenced += len(okIDs) - res.Published
+	}
+	if len(failIDs) > 0 {
+		tag, err := r.pool.Exec(ctx, r.qMarkFailed, failIDs, failErrs, failDelays, token, r.cfg.MaxAttempts)
+		if err != nil {
+			return res, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
+		}
+		res.Failed = int(tag.RowsAffected())
+	}
+	if len(releaseIDs) > 0 {
+		n, err := r.release(ctx, token, releaseIDs, 100*time.Millisecond, res.Err)
+		if err != nil {
+			return res, err
+		}
+		res.Released = n
+	}
+	r.stats.published.Add(int64(res.Published))
+	r.stats.fenced.Add(int64(res.Fenced))
+	r.stats.failed.Add(int64(res.Failed))
+	r.stats.released.Add(int64(res.Released))
+	if res.Fenced > 0 {
+		r.log.Warn("claim lost to another relay after publishing (lease expired); duplicates left for consumers to skip",
+			slog.Int("rows", res.Fenced))
+	}
+	return res, nil
+}
+
+// release gives rows back to pending without counting an attempt.
+func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, after time.Duration, cause error) (int, error) {
+	reason := "released"
+	if cause != nil {
+		reason = truncate("released: "+cause.Error(), 1000)
+	}
+	tag, err := r.pool.Exec(ctx, r.qRelease, ids, token, after.Milliseconds(), reason)
+	if err != nil {
+		return 0, fmt.Errorf("release %d rows: %w", len(ids), err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// publish XADDs msgs in one pipeline, in claim (seq) order, and returns each
+// message's stream entry id or error.
+func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	cmds := make([]*redis.StringCmd, len(msgs))
+	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, m := range msgs {
+			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
+				Stream: r.cfg.StreamKey(m.AggregateType),
+				Values: []any{
+					"event_id", m.ID.String(),
+					"event_type", m.EventType,
+					"aggregate_type", m.AggregateType,
+					"aggregate_id", m.AggregateID,
+					"payload", m.Payload,
+					"headers", m.Headers,
+					"occurred_at", m.CreatedAt.UTC().Format(time.RFC3339Nano),
+					"seq", m.Seq,
+				},
+			})
+		}
+		return nil
+	})
+	ids := make([]string, len(msgs))
+	errs := make([]error, len(msgs))
+	for i, c := range cmds {
+		ids[i], errs[i] = c.Result()
+	}
+	return ids, errs
+}
+
+// Reap returns expired claims to pending and reports how many it returned.
+func (r *Relay) Reap(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		tag, err := r.pool.Exec(ctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
+		if err != nil {
+			return total, fmt.Errorf("reap: %w", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < r.cfg.BatchSize {
+			break
+		}
+	}
+	r.stats.reaped.Add(int64(total))
+	return total, nil
+}
+
+func (r *Relay) reapLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := r.Reap(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.Warn("reaper failed", slog.Any("error", err))
+		case n > 0:
+			r.log.Warn("returned expired claims to pending", slog.Int("rows", n))
+			r.kick()
+		}
+	}
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+var errListenerClosed = errors.New("listen connection closed")
