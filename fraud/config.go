@@ -1,0 +1,151 @@
+package fraud
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"time"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	DefaultStream           = "outbox.event.transfer"
+	DefaultGroup            = "fraud"
+	DefaultKeyPrefix        = "fraud:"
+	DefaultBatchSize        = 100
+	DefaultBlock            = 2 * time.Second
+	DefaultClaimInterval    = 5 * time.Second
+	DefaultClaimMinIdle     = 30 * time.Second
+	DefaultMaxDeliveries    = 5
+	DefaultDedupeTTL        = 7 * 24 * time.Hour
+	DefaultAmountLimitCents = 5_000_000  // R$ 50.000,00 in one TED
+	DefaultWindowLimitCents = 10_000_000 // R$ 100.000,00 per sender per window
+	DefaultWindow           = time.Hour
+)
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9_.:{}-]{1,200}$`)
+
+// Config tunes a Consumer. The zero value of every field means its default.
+type Config struct {
+	Stream   string // the stream the relay publishes transfer events to
+	Group    string // consumer group
+	Consumer string // this consumer's name; must be stable across restarts. Default: hostname.
+	// KeyPrefix prefixes every key the consumer writes: the dedupe markers,
+	// verdicts, totals, stats, and the <prefix>alerts and <prefix>dlq streams.
+	KeyPrefix string
+	// BatchSize is the most entries one read returns.
+	BatchSize int
+	// Block bounds one blocking read, and so how long shutdown can take.
+	Block time.Duration
+	// ClaimInterval is how often idle entries of other (dead) consumers are
+	// claimed; ClaimMinIdle is how idle they must be. ClaimMinIdle must exceed
+	// the longest legitimate processing time.
+	ClaimInterval time.Duration
+	ClaimMinIdle  time.Duration
+	// MaxDeliveries is how many deliveries an entry that cannot be processed
+	// gets before it is moved to the dead-letter stream.
+	MaxDeliveries int
+	// DedupeTTL is how long a processed event id is remembered. It must exceed
+	// every redelivery window (stream retention, outbox lease and outages).
+	DedupeTTL time.Duration
+	// The velocity rule: a transfer goes to review when its amount exceeds
+	// AmountLimitCents, or when the sender's total over Window (this transfer
+	// included) exceeds WindowLimitCents.
+	AmountLimitCents int64
+	WindowLimitCents int64
+	Window           time.Duration
+	// Logger receives the consumer's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Consumer == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "fraud"
+		}
+		c.Consumer = host
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Block == 0 {
+		c.Block = DefaultBlock
+	}
+	if c.ClaimInterval == 0 {
+		c.ClaimInterval = DefaultClaimInterval
+	}
+	if c.ClaimMinIdle == 0 {
+		c.ClaimMinIdle = DefaultClaimMinIdle
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if c.DedupeTTL == 0 {
+		c.DedupeTTL = DefaultDedupeTTL
+	}
+	if c.AmountLimitCents == 0 {
+		c.AmountLimitCents = DefaultAmountLimitCents
+	}
+	if c.WindowLimitCents == 0 {
+		c.WindowLimitCents = DefaultWindowLimitCents
+	}
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first setting that cannot work, after defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	for _, n := range []struct{ what, v string }{
+		{"stream", c.Stream}, {"group", c.Group}, {"consumer", c.Consumer}, {"key prefix", c.KeyPrefix},
+	} {
+		if !namePattern.MatchString(n.v) {
+			return fmt.Errorf("%s %q: must match %s", n.what, n.v, namePattern)
+		}
+	}
+	switch {
+	case c.BatchSize < 1 || c.BatchSize > 10_000:
+		return fmt.Errorf("batch size %d: must be between 1 and 10000", c.BatchSize)
+	case c.Block < time.Millisecond:
+		return fmt.Errorf("block %s: must be at least 1ms (0 would block forever)", c.Block)
+	case c.ClaimInterval <= 0 || c.ClaimMinIdle < time.Millisecond:
+		return fmt.Errorf("claim interval %s / min idle %s: must be positive", c.ClaimInterval, c.ClaimMinIdle)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries)
+	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
+		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
+	case c.AmountLimitCents < 1 || c.WindowLimitCents < 1:
+		return fmt.Errorf("limits must be positive")
+	case c.Window < time.Second:
+		return fmt.Errorf("window %s: must be at least 1s", c.Window)
+	}
+	return nil
+}
+
+// Keys names the Redis keys under a prefix.
+type Keys struct{ Prefix string }
+
+func (k Keys) Seen(eventID string) string { return k.Prefix + "seen:" + eventID }
+func (k Keys) Verdicts() string           { return k.Prefix + "verdicts" }
+func (k Keys) Account(acct string) string { return k.Prefix + "account:" + acct }
+func (k Keys) Accounts() string           { return k.Prefix + "accounts" }
+func (k Keys) Window(acct string) string  { return k.Prefix + "window:" + acct }
+func (k Keys) Stats() string              { return k.Prefix + "stats" }
+func (k Keys) Alerts() string             { return k.Prefix + "alerts" }
+func (k Keys) DeadLetters() string        { return k.Prefix + "dlq" }

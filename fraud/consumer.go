@@ -1,0 +1,398 @@
+// Package fraud is the anti-fraud service: a Redis Streams consumer group that
+// reads transfer.settled events and applies a simple velocity rule to each.
+//
+// Delivery is at least once (a relay can publish an event twice, a consumer
+// can die before XACK), so the effect of an event — its verdict, the sender's
+// running totals, an alert for review verdicts — is applied together with a
+// dedupe marker on the event id in one Lua script, and only then acknowledged.
+// A crash anywhere leaves either no effect (the entry is redelivered and
+// applied) or the effect and the marker (the redelivery is skipped).
+package fraud
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/failpoint"
+)
+
+var (
+	//go:embed effect.lua
+	effectSrc string
+	//go:embed deadletter.lua
+	deadLetterSrc string
+
+	effectScript     = redis.NewScript(effectSrc)
+	deadLetterScript = redis.NewScript(deadLetterSrc)
+)
+
+// Outcome of one entry.
+const (
+	outcomeDuplicate = 0
+	outcomeApprove   = 1
+	outcomeReview    = 2
+)
+
+// Consumer is one member of the anti-fraud consumer group.
+type Consumer struct {
+	cfg   Config
+	rdb   redis.Cmdable
+	keys  Keys
+	log   *slog.Logger
+	stats counters
+}
+
+type counters struct {
+	processed, duplicates, deadLettered, failed, lost atomic.Int64
+}
+
+// Stats counts what a consumer did since it started.
+type Stats struct {
+	Processed    int64 // effects applied
+	Duplicates   int64 // deliveries skipped as already applied
+	DeadLettered int64 // entries moved to the dead-letter stream
+	Failed       int64 // deliveries that failed and stay pending
+	Lost         int64 // pending entries whose payload was trimmed away
+}
+
+// New returns a consumer reading with rdb. It checks cfg but does not connect.
+func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("fraud config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	return &Consumer{
+		cfg:  cfg,
+		rdb:  rdb,
+		keys: Keys{Prefix: cfg.KeyPrefix},
+		log:  cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
+	}, nil
+}
+
+// Config returns the consumer's effective configuration.
+func (c *Consumer) Config() Config { return c.cfg }
+
+// Stats returns a snapshot of the consumer's counters.
+func (c *Consumer) Stats() Stats {
+	return Stats{
+		Processed: c.stats.processed.Load(), Duplicates: c.stats.duplicates.Load(),
+		DeadLettered: c.stats.deadLettered.Load(), Failed: c.stats.failed.Load(), Lost: c.stats.lost.Load(),
+	}
+}
+
+// EnsureGroup creates the consumer group (and the stream) if missing. It
+// starts at "0", not "$": after a stream is lost and recreated, the relay may
+// already have appended entries that must not be skipped.
+func (c *Consumer) EnsureGroup(ctx context.Context) error {
+	err := c.rdb.XGroupCreateMkStream(ctx, c.cfg.Stream, c.cfg.Group, "0").Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return fmt.Errorf("create consumer group %s on %s: %w", c.cfg.Group, c.cfg.Stream, err)
+	}
+	return nil
+}
+
+// Run consumes until ctx is cancelled and returns nil then; shutdown takes at
+// most about Config.Block. It first re-reads this consumer's own pending
+// entries (delivered before a crash, never acknowledged), then new ones, and
+// every ClaimInterval claims entries left idle by dead consumers.
+func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.EnsureGroup(ctx); err != nil {
+		return err
+	}
+	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream))
+	if err := c.ProcessPending(ctx); err != nil && ctx.Err() == nil {
+		c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
+	}
+	lastClaim := time.Now()
+	failures := 0
+	for ctx.Err() == nil {
+		if time.Since(lastClaim) >= c.cfg.ClaimInterval {
+			if _, err := c.ClaimIdle(ctx); err != nil && ctx.Err() == nil {
+				c.log.Warn("claiming idle entries failed", slog.Any("error", err))
+			}
+			lastClaim = time.Now()
+		}
+		_, err := c.ReadNew(ctx)
+		switch {
+		case err == nil:
+			failures = 0
+		case ctx.Err() != nil:
+		case redis.HasErrorPrefix(err, "NOGROUP"):
+			c.log.Warn("consumer group missing (stream deleted?); recreating it")
+			if err := c.EnsureGroup(ctx); err != nil {
+				c.log.Warn("recreating group failed", slog.Any("error", err))
+				sleep(ctx, time.Second)
+			}
+		default:
+			failures++
+			d := min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
+			c.log.Warn("read failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			sleep(ctx, d)
+		}
+	}
+	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
+	return nil
+}
+
+// ReadNew blocks up to Config.Block for new entries and processes them.
+func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
+	res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    c.cfg.Group,
+		Consumer: c.cfg.Consumer,
+		Streams:  []string{c.cfg.Stream, ">"},
+		Count:    int64(c.cfg.BatchSize),
+		Block:    c.cfg.Block,
+	}).Result()
+	if errors.Is(err, redis.Nil) || isTimeout(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, s := range res {
+		n += len(s.Messages)
+		if err := c.handle(ctx, s.Messages); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// ProcessPending re-reads and processes this consumer's own pending entries,
+// from the oldest, until none is left that it has not tried in this pass.
+func (c *Consumer) ProcessPending(ctx context.Context) error {
+	cursor := "0"
+	for ctx.Err() == nil {
+		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group:    c.cfg.Group,
+			Consumer: c.cfg.Consumer,
+			Streams:  []string{c.cfg.Stream, cursor},
+			Count:    int64(c.cfg.BatchSize),
+			Block:    -1, // an explicit id never blocks; -1 leaves BLOCK out
+		}).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read pending: %w", err)
+		}
+		if len(res) == 0 || len(res[0].Messages) == 0 {
+			return nil
+		}
+		msgs := res[0].Messages
+		if err := c.handle(ctx, msgs); err != nil {
+			return err
+		}
+		// Continue after the last entry, so an entry that failed again is
+		// not re-read in a tight loop.
+		cursor = msgs[len(msgs)-1].ID
+	}
+	return nil
+}
+
+// ClaimIdle claims entries idle for at least ClaimMinIdle (their consumer
+// died) and processes them. It returns how many it claimed.
+func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
+	start, total := "0-0", 0
+	for ctx.Err() == nil {
+		msgs, next, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream:   c.cfg.Stream,
+			Group:    c.cfg.Group,
+			Consumer: c.cfg.Consumer,
+			MinIdle:  c.cfg.ClaimMinIdle,
+			Start:    start,
+			Count:    int64(c.cfg.BatchSize),
+		}).Result()
+		if err != nil {
+			return total, fmt.Errorf("xautoclaim: %w", err)
+		}
+		total += len(msgs)
+		if len(msgs) > 0 {
+			c.log.Info("claimed idle entries", slog.Int("entries", len(msgs)))
+			if err := c.handle(ctx, msgs); err != nil {
+				return total, err
+			}
+		}
+		if next == "0-0" || next == "" {
+			break
+		}
+		start = next
+	}
+	return total, nil
+}
+
+// handle applies the effect of each entry and acknowledges the ones done.
+// Once entries are read it finishes even if ctx is cancelled.
+func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
+	ctx = context.WithoutCancel(ctx)
+	failpoint.Inject("fraud.after-read")
+
+	type item struct {
+		msg redis.XMessage
+		ev  Event
+		cmd *redis.Cmd
+	}
+	var (
+		valid []item
+		bad   []redis.XMessage
+		badEr []error
+		ack   []string
+	)
+	for _, m := range msgs {
+		if m.Values == nil {
+			// Trimmed or deleted while pending: nothing left to process.
+			c.stats.lost.Add(1)
+			c.log.Error("pending entry has no payload (trimmed); acknowledging it", slog.String("entry_id", m.ID))
+			ack = append(ack, m.ID)
+			continue
+		}
+		ev, err := DecodeEntry(m.Values)
+		if err != nil {
+			bad, badEr = append(bad, m), append(badEr, err)
+			continue
+		}
+		valid = append(valid, item{msg: m, ev: ev})
+	}
+
+	if len(valid) > 0 {
+		run := func(items []item) error {
+			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i := range items {
+					items[i].cmd = effectScript.EvalSha(ctx, p, c.effectKeys(items[i].ev), c.effectArgs(items[i].ev)...)
+				}
+				return nil
+			})
+			return err
+		}
+		if err := run(valid); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			// First use, or Redis restarted: load the script and run again.
+			// Entries that did run were applied and are now duplicates.
+			if lerr := effectScript.Load(ctx, c.rdb).Err(); lerr != nil {
+				return fmt.Errorf("load effect script: %w", lerr)
+			}
+			_ = run(valid) // per-entry errors are checked below
+		}
+		failpoint.Inject("fraud.after-effect")
+		for _, it := range valid {
+			outcome, err := it.cmd.Int()
+			if err != nil {
+				bad, badEr = append(bad, it.msg), append(badEr, err)
+				continue
+			}
+			ack = append(ack, it.msg.ID)
+			log := c.log.With(slog.String("event_id", it.ev.EventID.String()),
+				slog.String("event_type", "transfer.settled"),
+				slog.String("aggregate_id", it.ev.TransferID.String()))
+			switch outcome {
+			case outcomeDuplicate:
+				c.stats.duplicates.Add(1)
+				log.Debug("duplicate delivery skipped", slog.String("entry_id", it.msg.ID))
+			case outcomeReview:
+				c.stats.processed.Add(1)
+				log.Info("transfer sent to review", slog.Int64("amount_cents", it.ev.AmountCents),
+					slog.String("from_account", it.ev.FromAccount))
+			default:
+				c.stats.processed.Add(1)
+			}
+		}
+	}
+
+	if len(ack) > 0 {
+		if err := c.rdb.XAck(ctx, c.cfg.Stream, c.cfg.Group, ack...).Err(); err != nil {
+			return fmt.Errorf("xack %d entries: %w", len(ack), err)
+		}
+	}
+	for i, m := range bad {
+		c.failed(ctx, m, badEr[i])
+	}
+	return nil
+}
+
+// failed handles an entry that could not be processed: it stays pending (it
+// is redelivered by ClaimIdle) until it has been delivered MaxDeliveries
+// times, then it moves to the dead-letter stream.
+func (c *Consumer) failed(ctx context.Context, m redis.XMessage, cause error) {
+	log := c.log.With(slog.String("entry_id", m.ID), slog.Any("error", cause))
+	if id, ok := m.Values["event_id"].(string); ok {
+		log = log.With(slog.String("event_id", id))
+	}
+	if t, ok := m.Values["event_type"].(string); ok {
+		log = log.With(slog.String("event_type", t))
+	}
+	if a, ok := m.Values["aggregate_id"].(string); ok {
+		log = log.With(slog.String("aggregate_id", a))
+	}
+	c.stats.failed.Add(1)
+	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: c.cfg.Stream, Group: c.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+	}).Result()
+	if err != nil || len(pend) == 0 {
+		log.Warn("processing failed; entry stays pending", slog.Any("xpending_error", err))
+		return
+	}
+	deliveries := pend[0].RetryCount
+	log = log.With(slog.Int64("attempt", deliveries))
+	if deliveries < int64(c.cfg.MaxDeliveries) {
+		log.Warn("processing failed; entry stays pending for redelivery")
+		return
+	}
+	moved, err := deadLetterScript.Run(ctx, c.rdb,
+		[]string{c.cfg.Stream, c.keys.DeadLetters(), c.keys.Stats()},
+		c.cfg.Group, m.ID, cause.Error(), deliveries, c.cfg.Consumer).Int()
+	if err != nil {
+		log.Error("dead-lettering failed; entry stays pending", slog.Any("dlq_error", err))
+		return
+	}
+	if moved == 1 {
+		c.stats.deadLettered.Add(1)
+		log.Error("entry moved to the dead-letter stream", slog.String("dlq", c.keys.DeadLetters()))
+	}
+}
+
+func (c *Consumer) effectKeys(ev Event) []string {
+	id := ev.EventID.String()
+	return []string{
+		c.keys.Seen(id), c.keys.Verdicts(), c.keys.Account(ev.FromAccount), c.keys.Accounts(),
+		c.keys.Window(ev.FromAccount), c.keys.Stats(), c.keys.Alerts(),
+	}
+}
+
+func (c *Consumer) effectArgs(ev Event) []any {
+	return []any{
+		int64(c.cfg.DedupeTTL / time.Second),
+		ev.EventID.String(),
+		ev.TransferID.String(),
+		ev.FromAccount,
+		strconv.FormatInt(ev.AmountCents, 10),
+		strconv.FormatInt(ev.SettledAt.UnixMilli(), 10),
+		strconv.FormatInt(c.cfg.Window.Milliseconds(), 10),
+		strconv.FormatInt(c.cfg.AmountLimitCents, 10),
+		strconv.FormatInt(c.cfg.WindowLimitCents, 10),
+		ev.ToAccount,
+		ev.Currency,
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,54 @@
+-- Apply one transfer.settled event exactly once: check the dedupe marker,
+-- compute the verdict, then write the effect AND the marker. A Lua script runs
+-- atomically, so a crash can leave either everything or nothing; all checks
+-- come before the first write because scripts do not roll back.
+--
+-- KEYS[1] dedupe marker      KEYS[2] verdicts hash      KEYS[3] sender totals hash
+-- KEYS[4] accounts set       KEYS[5] sender window zset KEYS[6] stats hash
+-- KEYS[7] alerts stream
+-- ARGV[1] marker TTL (s)     ARGV[2] event_id           ARGV[3] transfer_id
+-- ARGV[4] from_account       ARGV[5] amount_cents       ARGV[6] settled_at (ms)
+-- ARGV[7] window (ms)        ARGV[8] amount limit       ARGV[9] window limit
+-- ARGV[10] to_account        ARGV[11] currency
+-- Returns 0 for a duplicate, 1 for approve, 2 for review.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[6], 'duplicates_skipped', 1)
+  return 0
+end
+
+local amount = tonumber(ARGV[5])
+local at = tonumber(ARGV[6])
+local window = tonumber(ARGV[7])
+
+-- The sender's total over (at - window, at], this transfer included.
+local total = amount
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. (at - window), at)) do
+  total = total + tonumber(string.match(member, '^(%d+):'))
+end
+
+local verdict, reason = 'approve', ''
+if amount > tonumber(ARGV[8]) then
+  verdict, reason = 'review', 'amount'
+elseif total > tonumber(ARGV[9]) then
+  verdict, reason = 'review', 'velocity'
+end
+
+redis.call('HSET', KEYS[2], ARGV[3], verdict)
+redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
+redis.call('HINCRBY', KEYS[3], 'transfers', 1)
+redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('ZADD', KEYS[5], at, ARGV[5] .. ':' .. ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (at - window))
+redis.call('HINCRBY', KEYS[6], 'verdicts', 1)
+if verdict == 'review' then
+  redis.call('HINCRBY', KEYS[6], 'reviews', 1)
+  redis.call('XADD', KEYS[7], '*',
+    'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
+    'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
+    'window_total_cents', string.format('%d', total), 'reason', reason)
+end
+redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
+if verdict == 'review' then
+  return 2
+end
+return 1
