@@ -212,3 +212,20 @@ func alreadySettled(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) 
 	}
 	return Result{TransferID: t.ID, AlreadySettled: true, SettledAt: settledAt}, nil
 }
+
+// FormatBRL formats cents as reais the Brazilian way: 1234567 -> "12.345,67".
+func FormatBRL(cents int64) string {
+	sign := ""
+	if cents < 0 {
+		sign, cents = "-", -cents
+	}
+	whole := fmt.Sprint(cents / 100)
+	var b strings.Builder
+	for i, ch := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
+			b.WriteByte('.')
+		}
+		b.WriteRune(ch)
+	}
+	return fmt.Sprintf("%s%s,%02d", sign, b.String(), cents%100)
+}

@@ -1,0 +1,165 @@
+// Package cli implements the outbox command. Each subcommand parses its own
+// flags, validates everything before touching a server, and reports failure as
+// one line on stderr with a non-zero exit code.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command ran and failed (server unreachable, checks failed)
+	exitUsage   = 2 // bad command line; nothing was done
+)
+
+const (
+	defaultDatabaseURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+	defaultRedisURL    = "redis://localhost:6379/0"
+)
+
+// usageError marks errors in the command line.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "apply the schema migrations (idempotent, safe to run concurrently)", runMigrate},
+		{"relay", "publish committed outbox events to Redis Streams", runRelay},
+		{"fraud", "run the anti-fraud consumer; 'fraud report' prints its totals", runFraud},
+		{"settle", "settle random TEDs (a load generator)", runSettle},
+		{"status", "show the outbox, the stream and the consumer group at a glance", runStatus},
+		{"demo", "walk through settled TEDs end to end", runDemo},
+	}
+}
+
+// env is what every subcommand gets.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// Main runs the command line args and returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		e.usage(stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, e, args[1:])
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, new(usageError)):
+			fmt.Fprintf(stderr, "outbox %s: %v (see 'outbox %s -h')\n", c.name, err, c.name)
+			return exitUsage
+		default:
+			fmt.Fprintf(stderr, "outbox %s: %v\n", c.name, oneLine(err))
+			return exitFailure
+		}
+	}
+	fmt.Fprintf(stderr, "outbox: unknown command %q (see 'outbox help')\n", args[0])
+	return exitUsage
+}
+
+func (e *env) usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: outbox <command> [flags]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Servers come from --database-url / --redis-url, or DATABASE_URL / REDIS_URL.")
+	fmt.Fprintln(w, "Run 'outbox <command> -h' for a command's flags.")
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// common holds the flags every server-facing command takes.
+type common struct {
+	databaseURL string
+	redisURL    string
+	logFormat   string
+	logLevel    string
+}
+
+func (e *env) flags(name string, c *common) *flag.FlagSet {
+	fs := flag.NewFlagSet("outbox "+name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	if c != nil {
+		fs.StringVar(&c.databaseURL, "database-url", envOr(e.getenv, "DATABASE_URL", defaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
+		fs.StringVar(&c.redisURL, "redis-url", envOr(e.getenv, "REDIS_URL", defaultRedisURL), "Redis URL (env REDIS_URL)")
+		fs.StringVar(&c.logFormat, "log-format", envOr(e.getenv, "OUTBOX_LOG_FORMAT", "text"), "log format: text or json (env OUTBOX_LOG_FORMAT)")
+		fs.StringVar(&c.logLevel, "log-level", envOr(e.getenv, "OUTBOX_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env OUTBOX_LOG_LEVEL)")
+	}
+	return fs
+}
+
+// parse parses args and rejects stray positional arguments.
+func (e *env) parse(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(e.stderr)
+		fs.Usage()
+		return err
+	}
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+func (c *common) logger(w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch c.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", c.logFormat)
+}
+
+func envOr(getenv func(string) string, key, def string) string {
+	if v := getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,271 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/migrate"
+	"github.com/tedbank/outbox/relay"
+	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/transfer"
+)
+
+func runMigrate(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := e.flags("migrate", &c)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-migrate", MaxConns: 2})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := migrate.Up(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, m := range res.Applied {
+		log.Info("applied migration", "version", m.Version, "name", m.Name)
+	}
+	fmt.Fprintf(e.stdout, "schema at version %d (%d applied now)\n", res.Current, len(res.Applied))
+	return nil
+}
+
+// requireSchema fails with a clear message when migrations have not run.
+func requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	var ok bool
+	err := pool.QueryRow(ctx, "SELECT to_regclass('outbox_messages') IS NOT NULL AND to_regclass('transfers') IS NOT NULL").Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	}
+	if !ok {
+		return errors.New("tables outbox_messages/transfers not found: run 'outbox migrate' first")
+	}
+	return nil
+}
+
+func runRelay(ctx context.Context, e *env, args []string) error {
+	var c common
+	var cfg relay.Config
+	fs := e.flags("relay", &c)
+	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
+	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
+	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease; expired claims are returned to pending")
+	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
+	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
+	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
+	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 {
+		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout not negative")
+	}
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireSchema(ctx, pool); err != nil {
+		return err
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	r, err := relay.New(pool, rdb, cfg)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	return r.Run(ctx)
+}
+
+func fraudFlags(e *env, name string, c *common, cfg *fraud.Config) *flag.FlagSet {
+	fs := e.flags(name, c)
+	fs.StringVar(&cfg.Stream, "stream", fraud.DefaultStream, "stream to consume")
+	fs.StringVar(&cfg.Group, "group", fraud.DefaultGroup, "consumer group")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", fraud.DefaultKeyPrefix, "prefix of every key the consumer writes")
+	return fs
+}
+
+func runFraud(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "report" {
+		return runFraudReport(ctx, e, args[1:])
+	}
+	var c common
+	var cfg fraud.Config
+	fs := fraudFlags(e, "fraud", &c, &cfg)
+	fs.StringVar(&cfg.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
+	fs.IntVar(&cfg.BatchSize, "batch", fraud.DefaultBatchSize, "entries per read")
+	fs.DurationVar(&cfg.Block, "block", fraud.DefaultBlock, "longest blocking read (bounds shutdown time)")
+	fs.DurationVar(&cfg.ClaimInterval, "claim-interval", fraud.DefaultClaimInterval, "how often to claim entries of dead consumers")
+	fs.DurationVar(&cfg.ClaimMinIdle, "claim-min-idle", fraud.DefaultClaimMinIdle, "idle time after which an entry is claimed")
+	fs.IntVar(&cfg.MaxDeliveries, "max-deliveries", fraud.DefaultMaxDeliveries, "deliveries before an unprocessable entry is dead-lettered")
+	fs.DurationVar(&cfg.DedupeTTL, "dedupe-ttl", fraud.DefaultDedupeTTL, "how long processed event ids are remembered")
+	fs.Int64Var(&cfg.AmountLimitCents, "amount-limit", fraud.DefaultAmountLimitCents, "review a TED above this amount (cents)")
+	fs.Int64Var(&cfg.WindowLimitCents, "window-limit", fraud.DefaultWindowLimitCents, "review when a sender's total over the window passes this (cents)")
+	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.BatchSize <= 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
+		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 {
+		return usagef("every numeric flag and duration must be positive")
+	}
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	name := cfg.Consumer
+	if name == "" {
+		name = "default"
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-" + name})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	cons, err := fraud.New(rdb, cfg)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	return cons.Run(ctx)
+}
+
+func runFraudReport(ctx context.Context, e *env, args []string) error {
+	var c common
+	var cfg fraud.Config
+	fs := fraudFlags(e, "fraud report", &c, &cfg)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-report"})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	rep, err := fraud.ReadReport(ctx, rdb, cfg.KeyPrefix)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(rep)
+	}
+	var sent int64
+	for _, a := range rep.Accounts {
+		sent += a.SentCents
+	}
+	fmt.Fprintf(e.stdout, "verdicts %d (review %d), duplicates skipped %d, dead-lettered %d, %d sender accounts, R$ %s sent\n",
+		rep.Verdicts, rep.Reviews, rep.DuplicatesSkipped, rep.DeadLettered, len(rep.Accounts), transfer.FormatBRL(sent))
+	return nil
+}
+
+// Status is what 'outbox status --json' prints.
+type Status struct {
+	Pending              int64   `json:"pending"`
+	Publishing           int64   `json:"publishing"`
+	Published            int64   `json:"published"`
+	Dead                 int64   `json:"dead"`
+	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+	Stream               string  `json:"stream"`
+	StreamLength         int64   `json:"stream_length"`
+	Group                string  `json:"group"`
+	GroupPending         int64   `json:"group_pending"`
+	GroupLag             int64   `json:"group_lag"`
+	GroupExists          bool    `json:"group_exists"`
+}
+
+func runStatus(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := e.flags("status", &c)
+	stream := fs.String("stream", fraud.DefaultStream, "stream to report on")
+	group := fs.String("group", fraud.DefaultGroup, "consumer group to report on")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireSchema(ctx, pool); err != nil {
+		return err
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-status"})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	st, err := readStatus(ctx, pool, rdb, *stream, *group)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(st)
+	}
+	fmt.Fprintf(e.stdout, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs\n",
+		st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds)
+	fmt.Fprintf(e.stdout, "stream   %s  length %d\n", st.Stream, st.StreamLength)
+	if st.GroupExists {
+		fmt.Fprintf(e.stdout, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
+	} else {
+		fmt.Fprintf(e.stdout, "group    %s  not created yet\n", st.Group)
+	}
+	return nil
+}
+
+func readStatus(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream, group string) (Status, error) {
+	st := Status{Stream: stream, Group: group}
+	err := pool.QueryRow(ctx, outboxsql.Query("status")).
+		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
+	if err != nil {
+		return st, fmt.Errorf("read outbox status: %w", err)
+	}
+	if st.StreamLength, err = rdb.XLen(ctx, stream).Result(); err != nil {
+		return st, fmt.Errorf("read stream length: %w", err)
+	}
+	groups, err := rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil && !isNoSuchKey(err) {
+		return st, fmt.Errorf("read consumer groups: %w", err)
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			st.GroupExists, st.GroupPending, st.GroupLag = true, g.Pending, g.Lag
+		}
+	}
+	return st, nil
+}
+
+func isNoSuchKey(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "ERR no such key") || errors.Is(err, redis.Nil))
+}

@@ -1,0 +1,88 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/demo"
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/migrate"
+	"github.com/tedbank/outbox/internal/testenv"
+)
+
+func runDemo(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := e.flags("demo", &c)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	ownServers := !explicit["database-url"] && e.getenv("DATABASE_URL") == "" &&
+		!explicit["redis-url"] && e.getenv("REDIS_URL") == ""
+
+	streamPrefix, keyPrefix := "outbox.event.", "fraud:"
+	if ownServers {
+		fmt.Fprintln(e.stdout, "No DATABASE_URL/REDIS_URL: starting throw-away PostgreSQL and Redis servers...")
+		progress := func(msg string, args ...any) { log.Debug(msg, args...) }
+		pg, err := testenv.Postgres(ctx, testenv.Options{Log: progress})
+		if err != nil {
+			return err
+		}
+		defer pg.Close()
+		rd, err := testenv.Redis(ctx, testenv.Options{Log: progress})
+		if err != nil {
+			return err
+		}
+		defer rd.Close()
+		fmt.Fprintf(e.stdout, "PostgreSQL (%s) and Redis (%s) are up; they are removed when the demo ends.\n", pg.Source, rd.Source)
+		c.databaseURL, c.redisURL = pg.URL, rd.URL
+	} else {
+		// Someone else's servers: keep the demo's keys apart and remove them after.
+		run := uuid.NewString()[:8]
+		streamPrefix, keyPrefix = "demo-"+run+":outbox.event.", "demo-"+run+":fraud:"
+	}
+
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-demo", MaxConns: 8})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		return err
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-demo"})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if !ownServers {
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			for _, pattern := range []string{streamPrefix + "*", keyPrefix + "*"} {
+				iter := rdb.Scan(cctx, 0, pattern, 1000).Iterator()
+				for iter.Next(cctx) {
+					rdb.Del(cctx, iter.Val())
+				}
+			}
+		}()
+	}
+
+	quiet := slog.New(slog.DiscardHandler)
+	if explicit["log-level"] || e.getenv("OUTBOX_LOG_LEVEL") != "" {
+		quiet = log
+	}
+	return demo.Run(ctx, demo.Config{
+		Pool: pool, Redis: rdb, StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
+	})
+}

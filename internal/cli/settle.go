@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// SettleSummary is what 'outbox settle --json' prints.
+type SettleSummary struct {
+	Settled     int64   `json:"settled"`
+	Failed      int64   `json:"failed"`
+	AmountCents int64   `json:"amount_cents"`
+	Seconds     float64 `json:"seconds"`
+	PerSecond   float64 `json:"per_second"`
+	P50Ms       float64 `json:"p50_ms"`
+	P99Ms       float64 `json:"p99_ms"`
+	MaxMs       float64 `json:"max_ms"`
+	Concurrency int     `json:"concurrency"`
+	Accounts    int     `json:"accounts"`
+	Rate        float64 `json:"rate"`
+	LastError   string  `json:"last_error,omitempty"`
+}
+
+func runSettle(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := e.flags("settle", &c)
+	count := fs.Int("count", 0, "TEDs to settle (required)")
+	concurrency := fs.Int("concurrency", 4, "concurrent writers")
+	accounts := fs.Int("accounts", 100, "number of accounts the TEDs are drawn between (at least 2)")
+	rate := fs.Float64("rate", 0, "at most this many TEDs per second (0 = as fast as possible)")
+	maxAmount := fs.Int64("max-amount", 1_000_000, "largest amount in cents (amounts are uniform in 1..max)")
+	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case *count <= 0:
+		return usagef("--count must be positive")
+	case *concurrency <= 0 || *concurrency > 1000:
+		return usagef("--concurrency must be between 1 and 1000")
+	case *accounts < 2:
+		return usagef("--accounts must be at least 2")
+	case *rate < 0:
+		return usagef("--rate must not be negative")
+	case *maxAmount <= 0:
+		return usagef("--max-amount must be positive")
+	}
+	if _, err := c.logger(e.stderr); err != nil {
+		return err
+	}
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-settle", MaxConns: int32(*concurrency)})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireSchema(ctx, pool); err != nil {
+		return err
+	}
+
+	jobs := make(chan transfer.Transfer)
+	go func() {
+		defer close(jobs)
+		var tick <-chan time.Time
+		if *rate > 0 {
+			t := time.NewTicker(time.Duration(float64(time.Second) / *rate))
+			defer t.Stop()
+			tick = t.C
+		}
+		for range *count {
+			if tick != nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick:
+				}
+			}
+			from := rand.IntN(*accounts)
+			to := (from + 1 + rand.IntN(*accounts-1)) % *accounts
+			t := transfer.Transfer{
+				ID:          uuid.New(),
+				FromAccount: fmt.Sprintf("acct-%04d", from),
+				ToAccount:   fmt.Sprintf("acct-%04d", to),
+				AmountCents: 1 + rand.Int64N(*maxAmount),
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case jobs <- t:
+			}
+		}
+	}()
+
+	var (
+		settled, failed, amount atomic.Int64
+		mu                      sync.Mutex
+		lat                     []time.Duration
+		lastErr                 string
+		wg                      sync.WaitGroup
+	)
+	start := time.Now()
+	for range *concurrency {
+		wg.Go(func() {
+			var mine []time.Duration
+			for t := range jobs {
+				t0 := time.Now()
+				_, err := transfer.Settle(ctx, pool, t)
+				if err != nil {
+					failed.Add(1)
+					mu.Lock()
+					lastErr = oneLine(err)
+					mu.Unlock()
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+				settled.Add(1)
+				amount.Add(t.AmountCents)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	slices.Sort(lat)
+	sum := SettleSummary{
+		Settled: settled.Load(), Failed: failed.Load(), AmountCents: amount.Load(),
+		Seconds: elapsed.Seconds(), PerSecond: float64(settled.Load()) / elapsed.Seconds(),
+		P50Ms: ms(percentile(lat, 0.50)), P99Ms: ms(percentile(lat, 0.99)), MaxMs: ms(percentile(lat, 1)),
+		Concurrency: *concurrency, Accounts: *accounts, Rate: *rate, LastError: lastErr,
+	}
+	if *asJSON {
+		if err := json.NewEncoder(e.stdout).Encode(sum); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(e.stdout, "settled %d TEDs (R$ %s) in %.2fs: %.0f/s, commit latency p50 %.2f ms p99 %.2f ms; failed %d\n",
+			sum.Settled, transfer.FormatBRL(sum.AmountCents), sum.Seconds, sum.PerSecond, sum.P50Ms, sum.P99Ms, sum.Failed)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("interrupted after %d of %d TEDs", sum.Settled, *count)
+	case sum.Failed > 0:
+		return fmt.Errorf("%d of %d TEDs failed; last error: %s", sum.Failed, *count, lastErr)
+	}
+	return nil
+}
+
+// percentile returns the p-quantile of sorted (nearest rank).
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,121 @@
+// Package connect opens the project's PostgreSQL pools and Redis clients with
+// the conventions every command shares: an application_name or client name
+// starting with "outbox-", a start-up ping with a bounded wait, and errors that
+// say what failed and how to fix it without leaking passwords.
+package connect
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// PingTimeout bounds the start-up check of a server.
+const PingTimeout = 5 * time.Second
+
+// PostgresOptions tunes Postgres.
+type PostgresOptions struct {
+	AppName  string // application_name; must start with "outbox-"
+	MaxConns int32  // 0 = pgxpool's default
+}
+
+// Postgres opens a pool to rawURL and checks that the server answers.
+func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad PostgreSQL URL %s: %s", Redact(rawURL), redactErr(err, rawURL))
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = opt.AppName
+	if opt.MaxConns > 0 {
+		cfg.MaxConns = opt.MaxConns
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = PingTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL at %s: %s", Redact(rawURL), redactErr(err, rawURL))
+	}
+	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s (is it running? set DATABASE_URL or --database-url)",
+			Redact(rawURL), redactErr(err, rawURL))
+	}
+	return pool, nil
+}
+
+// RedisOptions tunes Redis.
+type RedisOptions struct {
+	ClientName string // CLIENT SETNAME; must start with "outbox-"
+	// NoRetries disables go-redis's own retries, which can duplicate a write
+	// whose reply was lost; the outbox retries instead.
+	NoRetries bool
+	PoolSize  int
+}
+
+// Redis opens a client to rawURL and checks that the server answers.
+func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client, error) {
+	o, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad Redis URL %s: %s", Redact(rawURL), redactErr(err, rawURL))
+	}
+	o.ClientName = opt.ClientName
+	o.ContextTimeoutEnabled = true
+	if opt.NoRetries {
+		o.MaxRetries = -1
+	}
+	if opt.PoolSize > 0 {
+		o.PoolSize = opt.PoolSize
+	}
+	rdb := redis.NewClient(o)
+	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("cannot reach Redis at %s: %s (is it running? set REDIS_URL or --redis-url)",
+			Redact(rawURL), redactErr(err, rawURL))
+	}
+	return rdb, nil
+}
+
+// Redact returns rawURL with any password replaced by "xxxxx". Strings that
+// do not parse as URLs are replaced entirely, since they may hold secrets.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme == "" {
+		if strings.Contains(rawURL, "password") || strings.Contains(rawURL, "@") {
+			return "(unparsable URL)"
+		}
+		return rawURL
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
+// redactErr returns err's text with the URL's password removed, since drivers
+// sometimes quote the connection string.
+func redactErr(err error, rawURL string) string {
+	msg := err.Error()
+	if u, perr := url.Parse(rawURL); perr == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	if u, perr := url.Parse(rawURL); perr == nil {
+		if p := u.Query().Get("password"); p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	return msg
+}

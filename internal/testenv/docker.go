@@ -1,0 +1,134 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+)
+
+const (
+	postgresImage = "postgres:16-alpine"
+	redisImage    = "redis:7-alpine"
+
+	// dockerHealthTimeout bounds the check that a Docker engine answers.
+	dockerHealthTimeout = 5 * time.Second
+)
+
+func dockerPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
+	logger := tcLogger(opt)
+	if err := dockerHealthy(ctx, logger); err != nil {
+		return nil, err
+	}
+	defer recoverPanic(&err)
+
+	opt.logf("testenv: starting docker container", "image", postgresImage)
+	args := append([]string{"-c", "max_connections=300"}, opt.ExtraArgs...)
+	ctr, err := tcpostgres.Run(ctx, postgresImage,
+		tcpostgres.WithDatabase("postgres"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies(),
+		testcontainers.WithCmdArgs(args...),
+		testcontainers.WithLogger(logger),
+	)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("start %s: %w", postgresImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	u, err := ctr.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", postgresImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	return &Server{
+		URL:    u,
+		Source: sourceDocker,
+		stop:   func() error { return testcontainers.TerminateContainer(ctr) },
+	}, nil
+}
+
+func dockerRedis(ctx context.Context, opt Options) (_ *Server, err error) {
+	logger := tcLogger(opt)
+	if err := dockerHealthy(ctx, logger); err != nil {
+		return nil, err
+	}
+	defer recoverPanic(&err)
+
+	opt.logf("testenv: starting docker container", "image", redisImage)
+	args := append([]string{"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, opt.ExtraArgs...)
+	ctr, err := tcredis.Run(ctx, redisImage,
+		testcontainers.WithCmdArgs(args...),
+		testcontainers.WithLogger(logger),
+	)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("start %s: %w", redisImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	u, err := ctr.ConnectionString(ctx)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", redisImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	return &Server{
+		URL:    u,
+		Source: sourceDocker,
+		stop:   func() error { return testcontainers.TerminateContainer(ctr) },
+	}, nil
+}
+
+// dockerHealthy reports whether testcontainers can reach a Docker engine. It
+// returns within dockerHealthTimeout, and turns the panics testcontainers
+// raises on some machines without Docker (e.g. "rootless Docker not found")
+// into errors.
+func dockerHealthy(ctx context.Context, logger tclog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, dockerHealthTimeout)
+	defer cancel()
+
+	result := make(chan error, 1) // buffered: the goroutine never blocks if we gave up
+	go func() {
+		var err error
+		defer func() { result <- err }()
+		defer recoverPanic(&err)
+
+		p, err := testcontainers.ProviderDefault.GetProvider(testcontainers.WithLogger(logger))
+		if err != nil {
+			err = fmt.Errorf("no container provider: %w", err)
+			return
+		}
+		defer p.Close()
+		if err = p.Health(ctx); err != nil {
+			err = fmt.Errorf("docker engine not reachable: %w", err)
+		}
+	}()
+
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("docker engine not reachable: %w", ctx.Err())
+	}
+}
+
+// recoverPanic turns a panic into an error stored in *err.
+func recoverPanic(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("testcontainers panicked: %v", r)
+	}
+}
+
+// tcLogger routes testcontainers' log output to opt.Log, or nowhere.
+func tcLogger(opt Options) tclog.Logger {
+	if opt.Log == nil {
+		return tclog.NewNoopLogger()
+	}
+	return logFunc(opt.Log)
+}
+
+type logFunc func(msg string, args ...any)
+
+func (f logFunc) Printf(format string, v ...any) {
+	f("testcontainers: " + strings.TrimSpace(fmt.Sprintf(format, v...)))
+}
