@@ -1,0 +1,189 @@
+// Package outboxtest gives integration tests real, isolated servers: one
+// PostgreSQL and one Redis per test binary (from TEST_DATABASE_URL and
+// TEST_REDIS_URL, else Docker, else local binaries; see internal/testenv), a
+// fresh migrated database per test, and a unique Redis key prefix per test.
+// There is no skip path: without servers the test binary fails and says how
+// to get them.
+package outboxtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/migrate"
+	"github.com/tedbank/outbox/internal/testenv"
+)
+
+var (
+	pgServer, redisServer *testenv.Server
+	binOnce               sync.Once
+	binPath               string
+	binErr                error
+	binDir                string
+)
+
+// Main starts the servers, runs the tests and stops the servers. Call it from
+// TestMain: func TestMain(m *testing.M) { outboxtest.Main(m) }.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var err error
+	pgServer, err = testenv.Postgres(ctx, testenv.Options{EnvVar: "TEST_DATABASE_URL"})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "outboxtest: no PostgreSQL for the integration tests:\n%v\n", err)
+		return 1
+	}
+	defer pgServer.Close()
+	redisServer, err = testenv.Redis(ctx, testenv.Options{EnvVar: "TEST_REDIS_URL"})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "outboxtest: no Redis for the integration tests:\n%v\n", err)
+		return 1
+	}
+	defer redisServer.Close()
+	defer func() {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+	}()
+	return m.Run()
+}
+
+// PostgresURL returns the URL of a fresh, migrated database that is dropped
+// when t ends.
+func PostgresURL(t testing.TB) string {
+	t.Helper()
+	if pgServer == nil {
+		t.Fatal("outboxtest: servers not started; call outboxtest.Main from TestMain")
+	}
+	ctx := context.Background()
+	name := strings.NewReplacer("/", "_", "-", "_").Replace(strings.ToLower(t.Name()))
+	if len(name) > 30 {
+		name = name[:30]
+	}
+	dbURL, drop, err := testenv.CreateDatabase(ctx, pgServer.URL, "t_"+name)
+	if err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := drop(context.Background()); err != nil {
+			t.Errorf("drop test database: %v", err)
+		}
+	})
+	pool := newPool(t, dbURL, "outbox-test-migrate")
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	return dbURL
+}
+
+// Postgres returns a pool to a fresh, migrated database, closed and dropped
+// when t ends.
+func Postgres(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := newPool(t, PostgresURL(t), "outbox-test")
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newPool(t testing.TB, dbURL, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatalf("parse database URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	return pool
+}
+
+// Redis is a client plus the unique key prefix a test must put in front of
+// every key it uses (streams included).
+type Redis struct {
+	*redis.Client
+	URL    string
+	Prefix string
+}
+
+// NewRedis returns a client and a key prefix of t's own; every key under the
+// prefix is deleted when t ends.
+func NewRedis(t testing.TB) Redis {
+	t.Helper()
+	if redisServer == nil {
+		t.Fatal("outboxtest: servers not started; call outboxtest.Main from TestMain")
+	}
+	opt, err := redis.ParseURL(redisServer.URL)
+	if err != nil {
+		t.Fatalf("parse redis URL: %v", err)
+	}
+	opt.ClientName = "outbox-test"
+	rdb := redis.NewClient(opt)
+	prefix := "t-" + uuid.NewString()[:8] + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		_ = rdb.Close()
+	})
+	return Redis{Client: rdb, URL: redisServer.URL, Prefix: prefix}
+}
+
+// Binary builds cmd/outbox once per test binary and returns its path, for
+// tests that run and kill the real command.
+func Binary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "outbox-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "outbox")
+		cmd := exec.Command("go", "build", "-o", binPath, "github.com/tedbank/outbox/cmd/outbox")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("build outbox binary: %v", binErr)
+	}
+	return binPath
+}
+
+// Eventually polls cond every few milliseconds until it returns true or the
+// timeout passes, then fails t with the message. It bounds waits for
+// asynchronous work; it is not a performance assertion.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,936 @@
+package outbox_test
+
+// End-to-end tests of the outbox on a real PostgreSQL and a real Redis:
+// settle -> outbox row -> NOTIFY -> relay -> Redis stream -> anti-fraud.
+// Crash points are reached by running the real outbox binary with a fail
+// point armed (OUTBOX_FAILPOINT), which SIGKILLs it at exactly that point.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox"
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+// fixture is one test's database, Redis prefix and helpers.
+type fixture struct {
+	t     *testing.T
+	ctx   context.Context
+	dbURL string
+	pool  *pgxpool.Pool
+	rdb   outboxtest.Redis
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dbURL := outboxtest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test"
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return &fixture{t: t, ctx: ctx, dbURL: dbURL, pool: pool, rdb: outboxtest.NewRedis(t)}
+}
+
+func (f *fixture) streamPrefix() string { return f.rdb.Prefix + "outbox.event." }
+func (f *fixture) stream() string       { return f.streamPrefix() + "transfer" }
+func (f *fixture) keyPrefix() string    { return f.rdb.Prefix + "fraud:" }
+
+func (f *fixture) relayConfig(name string) relay.Config {
+	return relay.Config{Name: name, StreamPrefix: f.streamPrefix(), PollInterval: 10 * time.Minute}
+}
+
+func (f *fixture) newRelay(cfg relay.Config, rdb relay.Pipeliner) *relay.Relay {
+	f.t.Helper()
+	if rdb == nil {
+		rdb = f.rdb.Client
+	}
+	r, err := relay.New(f.pool, rdb, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r
+}
+
+// run runs fn in the background until the test ends or stop is called.
+func (f *fixture) run(fn func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					f.t.Errorf("background run: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				f.t.Errorf("background run did not stop within 15s")
+			}
+		})
+	}
+	f.t.Cleanup(stop)
+	return stop
+}
+
+func (f *fixture) consumer(name string, mutate func(*fraud.Config)) *fraud.Consumer {
+	f.t.Helper()
+	cfg := fraud.Config{
+		Stream: f.stream(), KeyPrefix: f.keyPrefix(), Consumer: name,
+		Block: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 500 * time.Millisecond,
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	c, err := fraud.New(f.rdb.Client, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fixture) settle(n int) []transfer.Transfer {
+	f.t.Helper()
+	out := make([]transfer.Transfer, n)
+	for i := range out {
+		out[i] = transfer.Transfer{
+			ID:          uuid.New(),
+			FromAccount: fmt.Sprintf("acct-%02d", i%7),
+			ToAccount:   fmt.Sprintf("acct-%02d", 7+i%5),
+			AmountCents: int64(100 + i),
+		}
+		if _, err := transfer.Settle(f.ctx, f.pool, out[i]); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func (f *fixture) count(query string, args ...any) int {
+	f.t.Helper()
+	var n int
+	if err := f.pool.QueryRow(f.ctx, query, args...).Scan(&n); err != nil {
+		f.t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// entries returns the event ids in the stream, in stream order.
+func (f *fixture) entries(stream string) []string {
+	f.t.Helper()
+	msgs, err := f.rdb.XRange(f.ctx, stream, "-", "+").Result()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i], _ = m.Values["event_id"].(string)
+	}
+	return ids
+}
+
+func (f *fixture) report() fraud.Report {
+	f.t.Helper()
+	rep, err := fraud.ReadReport(f.ctx, f.rdb.Client, f.keyPrefix())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rep
+}
+
+// checkEffectsOnce asserts anti-fraud holds exactly one verdict per transfer
+// and totals equal to the sums over the transfers table.
+func (f *fixture) checkEffectsOnce(teds []transfer.Transfer) {
+	f.t.Helper()
+	rep := f.report()
+	if rep.Verdicts != int64(len(teds)) {
+		f.t.Errorf("verdicts = %d, want %d (one per transfer)", rep.Verdicts, len(teds))
+	}
+	want := map[string]fraud.AccountTotals{}
+	for _, t := range teds {
+		a := want[t.FromAccount]
+		a.SentCents += t.AmountCents
+		a.Transfers++
+		want[t.FromAccount] = a
+	}
+	for acct, w := range want {
+		if got := rep.Accounts[acct]; got != w {
+			f.t.Errorf("account %s totals = %+v, want %+v", acct, got, w)
+		}
+	}
+	for _, t := range teds {
+		v, err := fraud.Verdict(f.ctx, f.rdb.Client, f.keyPrefix(), t.ID.String())
+		if err != nil || v == "" {
+			f.t.Errorf("transfer %s has no verdict (err %v)", t.ID, err)
+		}
+	}
+}
+
+// outboxCmd runs the real binary against this fixture's servers.
+func (f *fixture) outboxCmd(failpoint string, args ...string) *exec.Cmd {
+	cmd := exec.Command(outboxtest.Binary(f.t), args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+f.dbURL, "REDIS_URL="+f.rdb.URL, "OUTBOX_FAILPOINT="+failpoint)
+	return cmd
+}
+
+// runUntilKilled runs cmd and expects the armed fail point to SIGKILL it.
+func (f *fixture) runUntilKilled(cmd *exec.Cmd) {
+	f.t.Helper()
+	out, err := runWithTimeout(cmd, 30*time.Second)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		f.t.Fatalf("%v: want death by SIGKILL at the fail point, got %v\n%s", cmd.Args, err, out)
+	}
+}
+
+func runWithTimeout(cmd *exec.Cmd, d time.Duration) ([]byte, error) {
+	var buf syncBuffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return buf.Bytes(), err
+	case <-time.After(d):
+		_ = cmd.Process.Kill()
+		<-done
+		return buf.Bytes(), fmt.Errorf("still running after %s", d)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.b)
+}
+
+// --- NOTIFY ---------------------------------------------------------------
+
+// With the fallback poll at ten minutes, only NOTIFY can bring the relay to a
+// newly committed event quickly.
+func TestNotifyWakesRelay(t *testing.T) {
+	f := newFixture(t)
+	r := f.newRelay(f.relayConfig("r1"), nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	time.Sleep(50 * time.Millisecond) // let the start-up drain finish
+
+	for i := range 5 {
+		teds := f.settle(1)
+		committed := time.Now()
+		outboxtest.Eventually(t, 5*time.Second, func() bool {
+			return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", teds[0].ID.String()) == 1
+		}, "event %d not published; the relay was not woken by NOTIFY", i)
+		t.Logf("event %d published %.2f ms after commit", i, float64(time.Since(committed).Microseconds())/1000)
+	}
+	if got := len(f.entries(f.stream())); got != 5 {
+		t.Fatalf("stream holds %d entries, want 5", got)
+	}
+	st := r.Stats()
+	if st.Notifications < 5 || st.Polls != 0 {
+		t.Fatalf("stats %+v: want >= 5 notifications and no fallback poll", st)
+	}
+}
+
+// NOTIFY is only a hint: with the trigger gone, the fallback poll still
+// delivers everything.
+func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.pool.Exec(f.ctx, "DROP TRIGGER outbox_messages_notify ON outbox_messages"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.relayConfig("r1")
+	cfg.PollInterval = 100 * time.Millisecond
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	// Commit only after the start-up drain, so that only a poll can find them.
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Polls > 0 }, "relay never polled")
+	f.settle(20)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 20
+	}, "events not published by the fallback poll")
+	if st := r.Stats(); st.Notifications != 0 || st.PollsWithWork == 0 {
+		t.Fatalf("stats %+v: want no notification and a poll that found work", st)
+	}
+}
+
+// A killed LISTEN connection is re-established; events committed while it was
+// down are caught up right after the new LISTEN, not at the next poll.
+func TestListenReconnectsAndCatchesUp(t *testing.T) {
+	f := newFixture(t)
+	r := f.newRelay(f.relayConfig("r1"), nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+
+	for round := range 3 {
+		// Kill the listener and commit events before it can come back.
+		tx, err := f.pool.Begin(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var killed int
+		if err := tx.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'outbox-test-listen'`).Scan(&killed); err != nil {
+			t.Fatal(err)
+		}
+		if killed != 1 {
+			t.Fatalf("round %d: terminated %d listen connections, want 1", round, killed)
+		}
+		for range 10 {
+			if _, err := transfer.SettleTx(f.ctx, tx, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(f.ctx); err != nil {
+			t.Fatal(err)
+		}
+		outboxtest.Eventually(t, 10*time.Second, func() bool {
+			return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10*(round+1)
+		}, "round %d: events committed while the listener was down were not caught up", round)
+	}
+	if st := r.Stats(); st.Polls != 0 {
+		t.Fatalf("stats %+v: caught up by the fallback poll, not by the reconnect", st)
+	}
+}
+
+// --- Lease, reaper, fencing -------------------------------------------------
+
+// A relay that dies right after claiming leaves its rows publishing; after
+// the lease the reaper returns them and another relay publishes them.
+func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(30)
+	f.runUntilKilled(f.outboxCmd("relay.after-claim", "relay", "--stream-prefix", f.streamPrefix(), "--batch", "100", "--lease", "1s"))
+
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'publishing' AND claim_token IS NOT NULL"); n != 30 {
+		t.Fatalf("%d rows publishing after the crash, want 30", n)
+	}
+	if got := len(f.entries(f.stream())); got != 0 {
+		t.Fatalf("stream holds %d entries, want 0 (the relay died before XADD)", got)
+	}
+
+	cfg := f.relayConfig("r2")
+	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 15*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published' AND claimed_by = 'r2'") == 30
+	}, "abandoned rows were not reaped and published")
+	if r.Stats().Reaped != 30 {
+		t.Fatalf("reaped %d, want 30", r.Stats().Reaped)
+	}
+	if got := len(f.entries(f.stream())); got != 30 {
+		t.Fatalf("stream holds %d entries, want 30", got)
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts = 1 AND last_error IS NULL"); n != 30 {
+		t.Fatalf("%d rows count the expired lease as one attempt with the error cleared after publishing, want 30", n)
+	}
+	c := f.consumer("c1", nil)
+	f.run(c.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 30 }, "not all events judged")
+	f.checkEffectsOnce(teds)
+}
+
+// stallingRedis publishes for real, then blocks until released: a relay that
+// stalls (GC pause, network) after XADD and before its mark.
+type stallingRedis struct {
+	*redis.Client
+	published chan struct{}
+	release   chan struct{}
+}
+
+func (s *stallingRedis) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
+	cmds, err := s.Client.Pipelined(ctx, fn)
+	close(s.published)
+	<-s.release
+	return cmds, err
+}
+
+// A relay whose lease expired must not overwrite the newer claim: its late
+// mark changes nothing, and the duplicate it published is skipped downstream.
+func TestStaleRelayIsFenced(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(10)
+
+	stall := &stallingRedis{Client: f.rdb.Client, published: make(chan struct{}), release: make(chan struct{})}
+	a := f.newRelay(f.relayConfig("relay-a"), stall)
+	resA := make(chan relay.BatchResult, 1)
+	go func() {
+		res, err := a.DrainBatch(f.ctx)
+		if err != nil {
+			t.Errorf("relay A: %v", err)
+		}
+		resA <- res
+	}()
+	<-stall.published // A published and is now stuck before marking
+
+	// A's lease runs out (aged on the database clock, no sleeping).
+	if _, err := f.pool.Exec(f.ctx, "UPDATE outbox_messages SET claimed_at = claimed_at - interval '1 hour' WHERE status = 'publishing'"); err != nil {
+		t.Fatal(err)
+	}
+	b := f.newRelay(f.relayConfig("relay-b"), nil)
+	if n, err := b.Reap(f.ctx); err != nil || n != 10 {
+		t.Fatalf("reaped %d (err %v), want 10", n, err)
+	}
+	resB, err := b.DrainBatch(f.ctx)
+	if err != nil || resB.Published != 10 {
+		t.Fatalf("relay B: %+v, %v", resB, err)
+	}
+	var bStreamIDs []string
+	rows, _ := f.pool.Query(f.ctx, "SELECT stream_id FROM outbox_messages ORDER BY seq")
+	bStreamIDs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	close(stall.release)
+	res := <-resA
+	if res.Published != 0 || res.Fenced != 10 {
+		t.Fatalf("stale relay A: %+v, want 0 published and 10 fenced", res)
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published' AND claimed_by = 'relay-b'"); n != 10 {
+		t.Fatalf("%d rows still credited to relay B, want 10", n)
+	}
+	rows, _ = f.pool.Query(f.ctx, "SELECT stream_id FROM outbox_messages ORDER BY seq")
+	after, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(after, bStreamIDs) {
+		t.Fatalf("stream ids changed by the stale relay: %v -> %v", bStreamIDs, after)
+	}
+	if got := len(f.entries(f.stream())); got != 20 {
+		t.Fatalf("stream holds %d entries, want 20 (each event twice)", got)
+	}
+	c := f.consumer("c1", nil)
+	f.run(c.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().DuplicatesSkipped == 10 }, "duplicates not skipped")
+	f.checkEffectsOnce(teds)
+}
+
+// --- Several relays ---------------------------------------------------------
+
+// countingRedis records every event id it publishes.
+type countingRedis struct {
+	*redis.Client
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (c *countingRedis) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
+	return c.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		return fn(countingPipe{Pipeliner: p, c: c})
+	})
+}
+
+type countingPipe struct {
+	redis.Pipeliner
+	c *countingRedis
+}
+
+func (p countingPipe) XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd {
+	p.c.mu.Lock()
+	p.c.seen[a.Values.([]any)[1].(string)]++
+	p.c.mu.Unlock()
+	return p.Pipeliner.XAdd(ctx, a)
+}
+
+// Four relays drain one backlog concurrently: every event is published
+// exactly once, and no claim takes more than a batch.
+func TestRelaysDrainDisjointRows(t *testing.T) {
+	f := newFixture(t)
+	const n, batch = 2000, 25
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{AggregateType: "transfer", AggregateID: uuid.NewString(), EventType: "test.event", Payload: []byte(`{}`)}
+	}
+	if err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error { _, err := outbox.Write(f.ctx, tx, msgs...); return err }); err != nil {
+		t.Fatal(err)
+	}
+
+	counter := &countingRedis{Client: f.rdb.Client, seen: map[string]int{}}
+	var wg sync.WaitGroup
+	var maxClaim, published, fenced int
+	var mu sync.Mutex
+	for i := range 4 {
+		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
+		cfg.BatchSize = batch
+		r := f.newRelay(cfg, counter)
+		wg.Go(func() {
+			for {
+				res, err := r.DrainBatch(f.ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				maxClaim, published, fenced = max(maxClaim, res.Claimed), published+res.Published, fenced+res.Fenced
+				mu.Unlock()
+				if res.Claimed == 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if maxClaim > batch {
+		t.Fatalf("a claim took %d rows, batch is %d", maxClaim, batch)
+	}
+	if published != n || fenced != 0 {
+		t.Fatalf("published %d fenced %d, want %d and 0", published, fenced, n)
+	}
+	if len(counter.seen) != n {
+		t.Fatalf("%d distinct events published, want %d", len(counter.seen), n)
+	}
+	for id, c := range counter.seen {
+		if c != 1 {
+			t.Fatalf("event %s published %d times: claimed by two relays at once", id, c)
+		}
+	}
+	if got := f.count("SELECT count(DISTINCT claimed_by) FROM outbox_messages"); got < 2 {
+		t.Fatalf("only %d relay did the work; the test did not exercise concurrency", got)
+	}
+}
+
+// flakyRedis fails a share of XADDs (as a per-event error) and delays the
+// others a little, to shake the interleaving of relays.
+type flakyRedis struct {
+	*redis.Client
+	failRate float64
+}
+
+func (c *flakyRedis) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
+	time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+	return c.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		return fn(flakyPipe{Pipeliner: p, failRate: c.failRate})
+	})
+}
+
+type flakyPipe struct {
+	redis.Pipeliner
+	failRate float64
+}
+
+func (p flakyPipe) XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd {
+	if rand.Float64() < p.failRate {
+		return redis.NewStringResult("", errors.New("ERR injected failure"))
+	}
+	return p.Pipeliner.XAdd(ctx, a)
+}
+
+// Events of one aggregate reach the stream in the order they were written,
+// with four relays, random publish failures and backoff in between.
+func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
+	f := newFixture(t)
+	const aggregates, perAggregate = 20, 25
+	// Interleave the aggregates' events over many transactions.
+	for i := range perAggregate {
+		err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+			msgs := make([]outbox.Message, aggregates)
+			for a := range msgs {
+				msgs[a] = outbox.Message{
+					AggregateType: "account", AggregateID: fmt.Sprintf("acct-%02d", a),
+					EventType: "account.changed", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+				}
+			}
+			_, err := outbox.Write(f.ctx, tx, msgs...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	flaky := &flakyRedis{Client: f.rdb.Client, failRate: 0.3}
+	for i := range 4 {
+		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
+		cfg.BatchSize = 7
+		cfg.PollInterval = 5 * time.Millisecond
+		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
+		f.run(f.newRelay(cfg, flaky).Run)
+	}
+	total := aggregates * perAggregate
+	outboxtest.Eventually(t, 60*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == total
+	}, "not every event was published")
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
+		t.Fatal("no publish failed; the test did not exercise retries")
+	}
+
+	msgs, err := f.rdb.XRange(f.ctx, f.streamPrefix()+"account", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != total {
+		t.Fatalf("stream holds %d entries, want %d", len(msgs), total)
+	}
+	next := map[string]int{}
+	for _, m := range msgs {
+		agg := m.Values["aggregate_id"].(string)
+		var p struct{ N int }
+		if err := json.Unmarshal([]byte(m.Values["payload"].(string)), &p); err != nil {
+			t.Fatal(err)
+		}
+		if p.N != next[agg] {
+			t.Fatalf("aggregate %s: got event %d, want %d (out of order)", agg, p.N, next[agg])
+		}
+		next[agg]++
+	}
+}
+
+// An event that keeps failing backs off, ends dead after MaxAttempts with its
+// error kept, and never holds up other aggregates.
+func TestFailingEventGoesDeadWithoutBlockingOthers(t *testing.T) {
+	f := newFixture(t)
+	// A string key where the "poison" aggregate's stream should be: every XADD
+	// to it fails with WRONGTYPE, a per-event error.
+	if err := f.rdb.Set(f.ctx, f.streamPrefix()+"poison", "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Write(f.ctx, tx, outbox.Message{AggregateType: "poison", AggregateID: "p1", EventType: "x", Payload: []byte(`{}`)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	teds := f.settle(5)
+
+	cfg := f.relayConfig("r1")
+	cfg.PollInterval, cfg.MaxAttempts = 5*time.Millisecond, 4
+	cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 40*time.Millisecond
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'poison' AND status = 'dead'") == 1
+	}, "poison event never went dead")
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'transfer' AND status = 'published'"); n != len(teds) {
+		t.Fatalf("%d transfer events published, want %d", n, len(teds))
+	}
+	var attempts int
+	var lastErr string
+	var spread float64
+	if err := f.pool.QueryRow(f.ctx, `SELECT attempts, last_error, extract(epoch FROM next_attempt_at - created_at)
+		FROM outbox_messages WHERE aggregate_type = 'poison'`).Scan(&attempts, &lastErr, &spread); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 4 || lastErr == "" {
+		t.Fatalf("dead row: attempts %d last_error %q, want 4 and the WRONGTYPE error", attempts, lastErr)
+	}
+	if spread < 0.015 { // 3 backoffs of at least 5, 10 and 20 ms
+		t.Fatalf("retries spread over %.3fs: no backoff between attempts", spread)
+	}
+}
+
+// While Redis refuses every write the relay gives rows back without burning
+// their attempts, and publishes them once Redis answers again.
+func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
+	f := newFixture(t)
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { _ = down.Close() })
+	cfg := f.relayConfig("r1")
+	cfg.MaxAttempts = 2
+	r := f.newRelay(cfg, down)
+	f.settle(3)
+	for range 5 {
+		res, err := r.DrainBatch(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed > 0 && (!res.BrokerDown || res.Released != res.Claimed) {
+			t.Fatalf("batch %+v: want every row released as broker down", res)
+		}
+		if _, err := f.pool.Exec(f.ctx, "UPDATE outbox_messages SET next_attempt_at = now()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND attempts = 0 AND last_error LIKE 'released:%'"); n != 3 {
+		t.Fatalf("%d rows pending with no attempt spent, want 3", n)
+	}
+	up := f.newRelay(cfg, nil)
+	if res, err := up.DrainBatch(f.ctx); err != nil || res.Published != 3 {
+		t.Fatalf("after the outage: %+v, %v", res, err)
+	}
+}
+
+// --- Anti-fraud ---------------------------------------------------------------
+
+// A crash between XADD and the mark republishes the events; anti-fraud
+// applies each once.
+func TestCrashAfterPublishBeforeMarkAppliesEffectOnce(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(8)
+	f.runUntilKilled(f.outboxCmd("relay.after-xadd", "relay", "--stream-prefix", f.streamPrefix(), "--lease", "1s"))
+	if got := len(f.entries(f.stream())); got != 8 {
+		t.Fatalf("stream holds %d entries after the crash, want 8", got)
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'publishing'"); n != 8 {
+		t.Fatalf("%d rows publishing after the crash, want 8 (never marked)", n)
+	}
+
+	cfg := f.relayConfig("r2")
+	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
+	f.run(f.newRelay(cfg, nil).Run)
+	outboxtest.Eventually(t, 15*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 8
+	}, "rows not republished after the lease")
+	if got := len(f.entries(f.stream())); got != 16 {
+		t.Fatalf("stream holds %d entries, want 16 (each event twice)", got)
+	}
+
+	f.run(f.consumer("c1", nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		rep := f.report()
+		return rep.Verdicts+rep.DuplicatesSkipped == 16
+	}, "not every delivery was handled")
+	if rep := f.report(); rep.DuplicatesSkipped != 8 {
+		t.Fatalf("duplicates skipped %d, want 8", rep.DuplicatesSkipped)
+	}
+	f.checkEffectsOnce(teds)
+}
+
+// A consumer that dies after applying the effect and before XACK gets the
+// entries back on restart (its pending list, read from id 0) and skips them.
+func TestCrashAfterEffectBeforeAckAppliesEffectOnce(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(6)
+	if res, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil || res.Published != 6 {
+		t.Fatalf("publish: %+v %v", res, err)
+	}
+	f.runUntilKilled(f.outboxCmd("fraud.after-effect", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1"))
+	if rep := f.report(); rep.Verdicts != 6 {
+		t.Fatalf("verdicts %d after the crash, want 6 (effect applied, not acked)", rep.Verdicts)
+	}
+	pending, err := f.rdb.XPending(f.ctx, f.stream(), fraud.DefaultGroup).Result()
+	if err != nil || pending.Count != 6 {
+		t.Fatalf("pending %+v (err %v), want 6 unacknowledged entries", pending, err)
+	}
+
+	c := f.consumer("c1", func(c *fraud.Config) { c.ClaimInterval = time.Hour })
+	if err := c.ProcessPending(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.report(); rep.DuplicatesSkipped != 6 {
+		t.Fatalf("duplicates skipped %d, want 6", rep.DuplicatesSkipped)
+	}
+	if pending, _ := f.rdb.XPending(f.ctx, f.stream(), fraud.DefaultGroup).Result(); pending.Count != 0 {
+		t.Fatalf("%d entries still pending", pending.Count)
+	}
+	f.checkEffectsOnce(teds)
+}
+
+// Entries a dead consumer read but never acknowledged are claimed by a live
+// one after ClaimMinIdle and applied once.
+func TestDeadConsumersEntriesAreClaimed(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(10)
+	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.runUntilKilled(f.outboxCmd("fraud.after-read", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "dead"))
+	if rep := f.report(); rep.Verdicts != 0 {
+		t.Fatalf("verdicts %d, want 0 (died before the effect)", rep.Verdicts)
+	}
+	f.run(f.consumer("alive", func(c *fraud.Config) { c.ClaimMinIdle = 300 * time.Millisecond }).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 10 }, "dead consumer's entries not claimed")
+	pend, err := f.rdb.XPendingExt(f.ctx, &redis.XPendingExtArgs{Stream: f.stream(), Group: fraud.DefaultGroup, Start: "-", End: "+", Count: 100}).Result()
+	if err != nil || len(pend) != 0 {
+		t.Fatalf("pending after claim: %v (err %v)", pend, err)
+	}
+	f.checkEffectsOnce(teds)
+}
+
+// The same event delivered twice, also to two consumers at once, has one
+// effect.
+func TestDuplicateDeliveryAppliesEffectOnce(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(20)
+	// Publish every event three times (three relays that each believe they own it).
+	for range 3 {
+		if _, err := f.pool.Exec(f.ctx, "UPDATE outbox_messages SET status = 'pending', claim_token = NULL, published_at = NULL"); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := f.newRelay(f.relayConfig("r"), nil).DrainBatch(f.ctx); err != nil || res.Published != 20 {
+			t.Fatalf("publish: %+v %v", res, err)
+		}
+	}
+	f.run(f.consumer("c1", nil).Run)
+	f.run(f.consumer("c2", nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		rep := f.report()
+		return rep.Verdicts+rep.DuplicatesSkipped == 60
+	}, "not every delivery was handled")
+	if rep := f.report(); rep.DuplicatesSkipped != 40 {
+		t.Fatalf("duplicates skipped %d, want 40", rep.DuplicatesSkipped)
+	}
+	f.checkEffectsOnce(teds)
+}
+
+// Entries anti-fraud cannot use go to the dead-letter stream after
+// MaxDeliveries, acknowledged; valid events keep flowing.
+func TestPoisonEntriesAreDeadLettered(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(3)
+	bad := [][]any{
+		{"event_id", uuid.NewString(), "event_type", "transfer.settled", "payload", "not json"},
+		{"event_id", uuid.NewString(), "event_type", "transfer.settled", "payload", `{"amount_cents":"ten"}`},
+		{"event_id", uuid.NewString(), "event_type", "transfer.reversed", "payload", `{}`},
+		{"payload", `{}`},
+	}
+	for _, v := range bad {
+		if err := f.rdb.XAdd(f.ctx, &redis.XAddArgs{Stream: f.stream(), Values: v}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := f.consumer("c1", func(c *fraud.Config) { c.MaxDeliveries = 3; c.ClaimMinIdle = 50 * time.Millisecond })
+	f.run(c.Run)
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().DeadLettered == 4 }, "poison entries not dead-lettered")
+	dlq, err := f.rdb.XRange(f.ctx, f.keyPrefix()+"dlq", "-", "+").Result()
+	if err != nil || len(dlq) != 4 {
+		t.Fatalf("dead-letter stream holds %d entries (err %v), want 4", len(dlq), err)
+	}
+	for _, m := range dlq {
+		if d, _ := strconv.Atoi(m.Values["dlq_deliveries"].(string)); d < 3 || m.Values["dlq_reason"] == "" {
+			t.Fatalf("dead letter %v: want deliveries >= 3 and a reason", m.Values)
+		}
+	}
+	if pending, _ := f.rdb.XPending(f.ctx, f.stream(), fraud.DefaultGroup).Result(); pending.Count != 0 {
+		t.Fatalf("%d entries still pending", pending.Count)
+	}
+	f.checkEffectsOnce(teds)
+}
+
+// --- End to end through the real binary ---------------------------------------
+
+// Every settled TED reaches anti-fraud through the real commands, and the
+// report contract holds; SIGTERM stops relay and consumer with exit code 0.
+func TestEndToEndWithCommands(t *testing.T) {
+	f := newFixture(t)
+	relayCmd := f.outboxCmd("", "relay", "--stream-prefix", f.streamPrefix(), "--poll", "1m")
+	fraudCmd := f.outboxCmd("", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1")
+	var relayOut, fraudOut syncBuffer
+	relayCmd.Stdout, relayCmd.Stderr = &relayOut, &relayOut
+	fraudCmd.Stdout, fraudCmd.Stderr = &fraudOut, &fraudOut
+	for _, c := range []*exec.Cmd{relayCmd, fraudCmd} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill() })
+	}
+
+	out, err := f.outboxCmd("", "settle", "--count", "300", "--concurrency", "8", "--accounts", "12", "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("settle: %v\n%s", err, out)
+	}
+	var sum struct{ Settled, Failed int }
+	if err := json.Unmarshal(out, &sum); err != nil || sum.Settled != 300 || sum.Failed != 0 {
+		t.Fatalf("settle summary %s (err %v)", out, err)
+	}
+	outboxtest.Eventually(t, 20*time.Second, func() bool { return f.report().Verdicts == 300 }, "not every TED judged")
+
+	rows, err := f.pool.Query(f.ctx, "SELECT id, from_account, to_account, amount_cents FROM transfers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	teds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (transfer.Transfer, error) {
+		var t transfer.Transfer
+		return t, r.Scan(&t.ID, &t.FromAccount, &t.ToAccount, &t.AmountCents)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.checkEffectsOnce(teds)
+
+	out, err = f.outboxCmd("", "fraud", "report", "--json", "--key-prefix", f.keyPrefix()).Output()
+	if err != nil {
+		t.Fatalf("fraud report: %v", err)
+	}
+	var rep map[string]json.RawMessage
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("fraud report output %s: %v", out, err)
+	}
+	for _, k := range []string{"verdicts", "reviews", "duplicates_skipped", "dead_lettered", "accounts"} {
+		if _, ok := rep[k]; !ok {
+			t.Fatalf("fraud report lacks %q: %s", k, out)
+		}
+	}
+	out, err = f.outboxCmd("", "status", "--json", "--stream", f.stream()).Output()
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(out, &raw); err != nil {
+		t.Fatalf("status output %s: %v", out, err)
+	}
+	if raw["published"] != float64(300) || raw["pending"] != float64(0) || raw["stream_length"] != float64(300) || raw["group_pending"] != float64(0) {
+		t.Fatalf("status %s", out)
+	}
+
+	for name, c := range map[string]*exec.Cmd{"relay": relayCmd, "fraud": fraudCmd} {
+		start := time.Now()
+		if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- c.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s exited with %v after SIGTERM", name, err)
+			}
+			t.Logf("%s stopped %.0f ms after SIGTERM", name, float64(time.Since(start).Milliseconds()))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s ignored SIGTERM for 10s", name)
+		}
+	}
+}
