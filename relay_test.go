@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -930,4 +931,194 @@ func TestEndToEndWithCommands(t *testing.T) {
 			t.Fatalf("%s ignored SIGTERM for 10s", name)
 		}
 	}
+}
+
+// Publishing an event makes the next event of its aggregate claimable, and no
+// NOTIFY announces that: the relay must keep draining, not wait for a poll.
+func TestAggregateChainDrainsWithoutPolling(t *testing.T) {
+	f := newFixture(t)
+	r := f.newRelay(f.relayConfig("r1"), nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+		msgs := make([]outbox.Message, 5)
+		for i := range msgs {
+			msgs[i] = outbox.Message{AggregateType: "account", AggregateID: "acct-1", EventType: "account.changed", Payload: []byte(`{}`)}
+		}
+		_, err := outbox.Write(f.ctx, tx, msgs...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 5*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
+	}, "a chain of one aggregate's events waits for the (10 minute) fallback poll")
+	if r.Stats().Polls != 0 {
+		t.Fatal("drained by the fallback poll")
+	}
+}
+
+// SKIP LOCKED: a row locked by someone else (another relay's claim in
+// progress) does not make a claim wait; the claim takes the other rows.
+func TestClaimSkipsLockedRows(t *testing.T) {
+	f := newFixture(t)
+	f.settle(5)
+	tx, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	if _, err := tx.Exec(f.ctx, "SELECT id FROM outbox_messages ORDER BY seq LIMIT 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	defer cancel()
+	done := make(chan relay.BatchResult, 1)
+	go func() {
+		res, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		if res.Published != 4 {
+			t.Fatalf("claim around a locked row: %+v, want the 4 other rows published", res)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("claim waited for a row lock held elsewhere: no SKIP LOCKED")
+	}
+}
+
+// On shutdown the relay stops claiming but finishes the batch in flight, so
+// nothing waits for a lease to expire.
+func TestShutdownFinishesBatchInFlight(t *testing.T) {
+	f := newFixture(t)
+	f.settle(10)
+	stall := &stallingRedis{Client: f.rdb.Client, published: make(chan struct{}), release: make(chan struct{})}
+	r := f.newRelay(f.relayConfig("r1"), stall)
+	ctx, cancel := context.WithCancel(f.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-stall.published
+	cancel() // SIGTERM arrives while the batch is between XADD and the mark
+	time.AfterFunc(200*time.Millisecond, func() { close(stall.release) })
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay did not stop within 10s")
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'"); n != 10 {
+		t.Fatalf("%d rows published, want 10: the batch in flight was abandoned", n)
+	}
+}
+
+// blackhole is a TCP proxy to target that can be frozen: it then stops
+// forwarding in both directions without closing anything, like a peer that
+// vanished behind a NAT. New connections are forwarded again.
+type blackhole struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	frozen []chan struct{}
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &blackhole{ln: ln, target: target}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go b.serve(c)
+		}
+	}()
+	return b
+}
+
+func (b *blackhole) serve(c net.Conn) {
+	up, err := net.Dial("tcp", b.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	freeze := make(chan struct{})
+	b.mu.Lock()
+	b.frozen = append(b.frozen, freeze)
+	b.mu.Unlock()
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-freeze:
+				<-make(chan struct{}) // swallow everything, forever, holding both sockets open
+			default:
+			}
+			if err != nil {
+				_ = dst.Close()
+				return
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go pipe(up, c)
+	go pipe(c, up)
+}
+
+// freeze blackholes every connection opened so far.
+func (b *blackhole) freeze() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range b.frozen {
+		close(f)
+	}
+	b.frozen = nil
+}
+
+// A half-open LISTEN connection (no RST, no FIN: the peer just went silent) is
+// noticed by the ping after a quiet poll interval and replaced.
+func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.relayConfig("r1")
+	listen, err := pgx.ParseConfig(f.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newBlackhole(t, fmt.Sprintf("%s:%d", listen.Host, listen.Port))
+	proxyAddr := proxy.ln.Addr().(*net.TCPAddr)
+	listen.Host, listen.Port = "127.0.0.1", uint16(proxyAddr.Port)
+	listen.RuntimeParams["application_name"] = "outbox-test-listen"
+	cfg.ListenConfig = listen
+	cfg.PollInterval = 500 * time.Millisecond
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	pidOf := func() int {
+		var pid int
+		_ = f.pool.QueryRow(f.ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'outbox-test-listen'`).Scan(&pid)
+		return pid
+	}
+	before := pidOf()
+	proxy.freeze()
+	outboxtest.Eventually(t, 20*time.Second, func() bool { p := pidOf(); return p != 0 && p != before && r.Stats().ListenUp },
+		"the half-open LISTEN connection was never replaced")
+	n0 := r.Stats().Notifications
+	f.settle(1)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Notifications > n0 },
+		"no notification on the new LISTEN connection")
 }

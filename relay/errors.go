@@ -10,6 +10,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// errBrokerDown marks publish errors that the whole pipeline shared.
+var errBrokerDown = errors.New("broker unavailable")
+
+// pipelineDown reports whether every command of a pipeline failed with the
+// same error although they went to different streams: whatever it says, that
+// is the broker refusing writes, not a problem of each event. (The same error
+// on one stream may be that stream's problem, e.g. WRONGTYPE.)
+func pipelineDown(errs []error, streams []string) bool {
+	if len(errs) < 2 || errs[0] == nil {
+		return false
+	}
+	distinct := false
+	for i, err := range errs[1:] {
+		if err == nil || err.Error() != errs[0].Error() {
+			return false
+		}
+		distinct = distinct || streams[i+1] != streams[0]
+	}
+	return distinct
+}
+
 // brokerUnavailable reports whether a publish error means Redis as a whole
 // cannot take writes right now (down, unreachable, out of memory, read-only,
 // loading), as opposed to a problem with one event. Such failures do not count
@@ -18,7 +39,7 @@ func brokerUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+	if errors.Is(err, errBrokerDown) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
@@ -37,5 +58,6 @@ func brokerUnavailable(err error) bool {
 			return true
 		}
 	}
-	return strings.Contains(err.Error(), "connection refused")
+	msg := err.Error()
+	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "max number of clients")
 }

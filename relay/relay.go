@@ -31,6 +31,14 @@ import (
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
+const (
+	// dbTimeout bounds each statement of a batch (claim, mark, release).
+	dbTimeout = 10 * time.Second
+	// releaseDelay keeps released rows unclaimable briefly, so that relays
+	// do not spin on an unavailable broker.
+	releaseDelay = 100 * time.Millisecond
+)
+
 // Pipeliner is what the relay needs from Redis: *redis.Client satisfies it.
 type Pipeliner interface {
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
@@ -146,9 +154,11 @@ func (r *Relay) kick() {
 func (r *Relay) drainLoop(ctx context.Context) {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
 	polled := false
 	for {
-		n, err := r.drain(ctx)
+		n, retryIn, err := r.drain(ctx)
 		if polled && n > 0 {
 			r.stats.pollsWithWork.Add(1)
 		}
@@ -156,10 +166,17 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("drain failed; retrying after the next wake-up", slog.Any("error", err))
 		}
+		// Rows that failed become claimable again after their backoff; wake
+		// up for them then rather than at the next poll.
+		retry.Stop()
+		if retryIn > 0 && retryIn < r.cfg.PollInterval {
+			retry.Reset(retryIn)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.wake:
+		case <-retry.C:
 		case <-poll.C:
 			r.stats.polls.Add(1)
 			polled = true
@@ -167,29 +184,36 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	}
 }
 
-// drain publishes batches until a claim comes back short of a full batch,
-// backing off while the broker is unavailable. It returns the rows published.
-func (r *Relay) drain(ctx context.Context) (int, error) {
-	total, failures := 0, 0
+// drain publishes batches until a claim finds nothing, backing off while the
+// broker is unavailable. It returns the rows published and, if some rows
+// failed, how soon the earliest becomes claimable again.
+//
+// It does not stop at a short batch: publishing an event can make the next
+// event of the same aggregate claimable, and no notification announces that.
+func (r *Relay) drain(ctx context.Context) (published int, retryIn time.Duration, err error) {
+	failures := 0
 	for ctx.Err() == nil {
 		res, err := r.DrainBatch(ctx)
-		total += res.Published
+		published += res.Published
+		if res.RetryIn > 0 && (retryIn == 0 || res.RetryIn < retryIn) {
+			retryIn = res.RetryIn
+		}
 		switch {
 		case err != nil:
-			return total, err
+			return published, retryIn, err
 		case res.BrokerDown:
 			failures++
 			d := backoff(failures, 100*time.Millisecond, 10*time.Second)
 			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
 				slog.Duration("retry_in", d), slog.Any("error", res.Err))
 			sleep(ctx, d)
-		case res.Claimed < r.cfg.BatchSize:
-			return total, nil
+		case res.Claimed == 0:
+			return published, retryIn, nil
 		default:
 			failures = 0
 		}
 	}
-	return total, nil
+	return published, retryIn, nil
 }
 
 // BatchResult says what one DrainBatch did.
@@ -201,6 +225,9 @@ type BatchResult struct {
 	Released   int   // rows given back without an attempt
 	BrokerDown bool  // Redis refused the batch as a whole
 	Err        error // the publish error behind Failed or BrokerDown, if any
+	// RetryIn is how soon the earliest failed or released row becomes
+	// claimable again (0 if none).
+	RetryIn time.Duration
 }
 
 // message is one claimed outbox row.
@@ -220,8 +247,17 @@ type message struct {
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
 // timeout), so a shutdown never strands a claim until the lease expires.
 func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, err
+	}
+	// Past this point the batch is finished even if ctx is cancelled: a claim
+	// interrupted after the server committed it would strand rows until the
+	// lease expires. Every step has its own deadline instead.
+	ctx = context.WithoutCancel(ctx)
 	token := uuid.New()
-	rows, err := r.pool.Query(ctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
+	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	rows, err := r.pool.Query(cctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
 	if err != nil {
 		return BatchResult{}, fmt.Errorf("claim: %w", err)
 	}
@@ -236,10 +272,18 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	r.stats.claimed.Add(int64(len(msgs)))
 	failpoint.Inject("relay.after-claim")
 
-	// From here on, finish the batch even if the caller is shutting down.
-	ctx = context.WithoutCancel(ctx)
 	ids, errs := r.publish(ctx, msgs)
 	failpoint.Inject("relay.after-xadd")
+	streams := make([]string, len(msgs))
+	for i, m := range msgs {
+		streams[i] = r.cfg.StreamKey(m.AggregateType)
+	}
+	if pipelineDown(errs, streams) {
+		// Every command failed the same way: the broker, not the events.
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %w", errBrokerDown, errs[i])
+		}
+	}
 
 	var (
 		okIDs, failIDs, releaseIDs []uuid.UUID
@@ -259,7 +303,11 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 			res.Err = errs[i]
 			failIDs = append(failIDs, m.ID)
 			failErrs = append(failErrs, truncate(errs[i].Error(), 1000))
-			failDelays = append(failDelays, backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax).Milliseconds())
+			delay := backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
+			failDelays = append(failDelays, delay.Milliseconds())
+			if res.RetryIn == 0 || delay < res.RetryIn {
+				res.RetryIn = delay
+			}
 			r.log.Warn("publish failed", slog.String("event_id", m.ID.String()),
 				slog.String("event_type", m.EventType), slog.String("aggregate_id", m.AggregateID),
 				slog.Int("attempt", m.Attempts+1), slog.Any("error", errs[i]))
@@ -270,6 +318,8 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	// relay re-claimed a row, the row is left to that relay.
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
+	ctx, cancel = context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
 	if len(okIDs) > 0 {
 		tag, err := r.pool.Exec(ctx, r.qMarkPublished, okIDs, streamIDs, token)
 		if err != nil {
@@ -286,11 +336,12 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 		res.Failed = int(tag.RowsAffected())
 	}
 	if len(releaseIDs) > 0 {
-		n, err := r.release(ctx, token, releaseIDs, 100*time.Millisecond, res.Err)
+		n, err := r.release(ctx, token, releaseIDs, releaseDelay, res.Err)
 		if err != nil {
 			return res, err
 		}
 		res.Released = n
+		res.RetryIn = releaseDelay
 	}
 	r.stats.published.Add(int64(res.Published))
 	r.stats.fenced.Add(int64(res.Fenced))
