@@ -751,13 +751,11 @@ func TestCrashAfterEffectBeforeAckAppliesEffectOnce(t *testing.T) {
 		t.Fatalf("pending %+v (err %v), want 6 unacknowledged entries", pending, err)
 	}
 
-	c := f.consumer("c1", func(c *fraud.Config) { c.ClaimInterval = time.Hour })
-	if err := c.ProcessPending(f.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if rep := f.report(); rep.DuplicatesSkipped != 6 {
-		t.Fatalf("duplicates skipped %d, want 6", rep.DuplicatesSkipped)
-	}
+	// Restarted under the same name, with claiming of idle entries off: only
+	// re-reading its own pending entries can bring them back.
+	f.run(f.consumer("c1", func(c *fraud.Config) { c.ClaimInterval = time.Hour }).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().DuplicatesSkipped == 6 },
+		"pending entries were not re-read after the restart")
 	if pending, _ := f.rdb.XPending(f.ctx, f.stream(), fraud.DefaultGroup).Result(); pending.Count != 0 {
 		t.Fatalf("%d entries still pending", pending.Count)
 	}
@@ -1121,4 +1119,36 @@ func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
 	f.settle(1)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Notifications > n0 },
 		"no notification on the new LISTEN connection")
+}
+
+// An effect that fails for a reason that is not the entry's (here a key of
+// the wrong type, as a stand-in for Redis refusing writes) is retried however
+// often the entry is delivered, never dead-lettered, and applied once when
+// the fault clears.
+func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
+	f := newFixture(t)
+	teds := f.settle(5)
+	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	verdicts := f.keyPrefix() + "verdicts"
+	if err := f.rdb.Set(f.ctx, verdicts, "in the way", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := f.consumer("c1", func(c *fraud.Config) {
+		c.MaxDeliveries, c.ClaimMinIdle, c.ClaimInterval = 2, 20*time.Millisecond, 20*time.Millisecond
+	})
+	f.run(c.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		pend, err := f.rdb.XPendingExt(f.ctx, &redis.XPendingExtArgs{Stream: f.stream(), Group: fraud.DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
+		return err == nil && len(pend) == 5 && pend[0].RetryCount > 3
+	}, "entries were not redelivered past MaxDeliveries")
+	if rep := f.report(); rep.DeadLettered != 0 || rep.Verdicts != 0 {
+		t.Fatalf("report %+v: a transient failure dead-lettered or half-applied entries", rep)
+	}
+	if err := f.rdb.Del(f.ctx, verdicts).Err(); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().Verdicts == 5 }, "entries not applied after the fault cleared")
+	f.checkEffectsOnce(teds)
 }

@@ -109,12 +109,23 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream))
-	if err := c.ProcessPending(ctx); err != nil && ctx.Err() == nil {
-		c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
-	}
+	needPending := true
 	lastClaim := time.Now()
 	failures := 0
 	for ctx.Err() == nil {
+		if needPending {
+			// Entries of ours that failed transiently are still pending:
+			// retry them before reading new ones.
+			if err := c.ProcessPending(ctx); err != nil {
+				if ctx.Err() == nil {
+					failures++
+					c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
+					sleep(ctx, retryDelay(failures))
+				}
+				continue
+			}
+			needPending = false
+		}
 		if time.Since(lastClaim) >= c.cfg.ClaimInterval {
 			if _, err := c.ClaimIdle(ctx); err != nil && ctx.Err() == nil {
 				c.log.Warn("claiming idle entries failed", slog.Any("error", err))
@@ -134,9 +145,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		default:
 			failures++
-			d := min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
-			c.log.Warn("read failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			d := retryDelay(failures)
+			c.log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
 			sleep(ctx, d)
+			needPending = true
 		}
 	}
 	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
@@ -243,10 +255,11 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 		cmd *redis.Cmd
 	}
 	var (
-		valid []item
-		bad   []redis.XMessage
-		badEr []error
-		ack   []string
+		valid     []item
+		bad       []redis.XMessage
+		badEr     []error
+		ack       []string
+		transient error
 	)
 	for _, m := range msgs {
 		if m.Values == nil {
@@ -286,7 +299,12 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 		for _, it := range valid {
 			outcome, err := it.cmd.Int()
 			if err != nil {
-				bad, badEr = append(bad, it.msg), append(badEr, err)
+				// Not the entry's fault (Redis busy, failing over, out of
+				// memory...): it stays pending and is retried, however
+				// often it is delivered. Only undecodable entries are
+				// dead-lettered.
+				c.stats.failed.Add(1)
+				transient = fmt.Errorf("apply event %s (entry %s): %w", it.ev.EventID, it.msg.ID, err)
 				continue
 			}
 			ack = append(ack, it.msg.ID)
@@ -313,15 +331,15 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 		}
 	}
 	for i, m := range bad {
-		c.failed(ctx, m, badEr[i])
+		c.invalid(ctx, m, badEr[i])
 	}
-	return nil
+	return transient
 }
 
-// failed handles an entry that could not be processed: it stays pending (it
+// invalid handles an entry that can never be processed: it stays pending (it
 // is redelivered by ClaimIdle) until it has been delivered MaxDeliveries
 // times, then it moves to the dead-letter stream.
-func (c *Consumer) failed(ctx context.Context, m redis.XMessage, cause error) {
+func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 	log := c.log.With(slog.String("entry_id", m.ID), slog.Any("error", cause))
 	if id, ok := m.Values["event_id"].(string); ok {
 		log = log.With(slog.String("event_id", id))
@@ -337,13 +355,13 @@ func (c *Consumer) failed(ctx context.Context, m redis.XMessage, cause error) {
 		Stream: c.cfg.Stream, Group: c.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 	}).Result()
 	if err != nil || len(pend) == 0 {
-		log.Warn("processing failed; entry stays pending", slog.Any("xpending_error", err))
+		log.Warn("invalid entry stays pending", slog.Any("xpending_error", err))
 		return
 	}
 	deliveries := pend[0].RetryCount
 	log = log.With(slog.Int64("attempt", deliveries))
 	if deliveries < int64(c.cfg.MaxDeliveries) {
-		log.Warn("processing failed; entry stays pending for redelivery")
+		log.Warn("invalid entry stays pending until its last delivery", slog.Int("max_deliveries", c.cfg.MaxDeliveries))
 		return
 	}
 	moved, err := deadLetterScript.Run(ctx, c.rdb,
@@ -381,6 +399,12 @@ func (c *Consumer) effectArgs(ev Event) []any {
 		ev.ToAccount,
 		ev.Currency,
 	}
+}
+
+// retryDelay grows linearly to 5s: a consumer failing on every entry must
+// not spin.
+func retryDelay(failures int) time.Duration {
+	return min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
 }
 
 func isTimeout(err error) bool {

@@ -16,6 +16,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 
+-- Keys written after the first non-idempotent write must not fail mid-script
+-- (a wrong type would leave half an effect behind): check them first.
+for _, k in ipairs({{KEYS[6], 'hash'}, {KEYS[7], 'stream'}}) do
+  local t = redis.call('TYPE', k[1]).ok
+  if t ~= 'none' and t ~= k[2] then
+    return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
+  end
+end
+
 local amount = tonumber(ARGV[5])
 local at = tonumber(ARGV[6])
 local window = tonumber(ARGV[7])
@@ -33,12 +42,17 @@ elseif total > tonumber(ARGV[9]) then
   verdict, reason = 'review', 'velocity'
 end
 
+-- Idempotent writes first: if one fails, a retry repeats them harmlessly.
 redis.call('HSET', KEYS[2], ARGV[3], verdict)
-redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-redis.call('HINCRBY', KEYS[3], 'transfers', 1)
 redis.call('SADD', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], at, ARGV[5] .. ':' .. ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (at - window))
+-- Forget transfers older than the newest one seen minus two windows: events
+-- of one sender can arrive up to a window late and still be judged right.
+local newest = tonumber(redis.call('ZREVRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (newest - 2 * window))
+-- Then the counters, which must happen once.
+redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
+redis.call('HINCRBY', KEYS[3], 'transfers', 1)
 redis.call('HINCRBY', KEYS[6], 'verdicts', 1)
 if verdict == 'review' then
   redis.call('HINCRBY', KEYS[6], 'reviews', 1)
