@@ -6,6 +6,7 @@ package sql
 import (
 	"embed"
 	"fmt"
+	"io/fs"
 )
 
 // Migrations holds migrations/NNNN_name.sql, applied in lexical order.
@@ -25,3 +26,6 @@ func Query(name string) string {
 	}
 	return string(b)
 }
+
+// QueryFS exposes the query files, for tests that check every one of them.
+func QueryFS() fs.FS { return queries }
