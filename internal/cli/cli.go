@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/tedbank/outbox/internal/connect"
 )
 
 // Exit codes.
@@ -59,6 +61,11 @@ type env struct {
 // Main runs the command line args and returns the exit code.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	e := &env{stdout: stdout, stderr: stderr, getenv: os.Getenv}
+	return e.main(ctx, args)
+}
+
+func (e *env) main(ctx context.Context, args []string) int {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		e.usage(stdout)
 		if len(args) == 0 {
@@ -148,13 +155,17 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", c.logLevel)
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
 	switch c.logFormat {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		log = slog.New(slog.NewTextHandler(w, opts))
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		log = slog.New(slog.NewJSONHandler(w, opts))
+	default:
+		return nil, usagef("--log-format %q: want text or json", c.logFormat)
 	}
-	return nil, usagef("--log-format %q: want text or json", c.logFormat)
+	connect.RedisLogs(log)
+	return log, nil
 }
 
 func envOr(getenv func(string) string, key, def string) string {

@@ -168,6 +168,9 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
+	if _, err := c.logger(e.stderr); err != nil {
+		return err
+	}
 	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-report"})
 	if err != nil {
 		return err
@@ -211,6 +214,9 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	group := fs.String("group", fraud.DefaultGroup, "consumer group to report on")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
 	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
@@ -267,5 +273,5 @@ func readStatus(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stre
 }
 
 func isNoSuchKey(err error) bool {
-	return err != nil && (redis.HasErrorPrefix(err, "ERR no such key") || errors.Is(err, redis.Nil))
+	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
 }

@@ -7,6 +7,7 @@ package connect
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"time"
@@ -83,6 +84,18 @@ func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client,
 			Redact(rawURL), redactErr(err, rawURL))
 	}
 	return rdb, nil
+}
+
+// RedisLogs sends go-redis's own log lines (e.g. failed dials, which it
+// otherwise prints to stderr) to log at debug level.
+func RedisLogs(log *slog.Logger) {
+	redis.SetLogger(redisLogger{log})
+}
+
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }
 
 // Redact returns rawURL with any password replaced by "xxxxx". Strings that

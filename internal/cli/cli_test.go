@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+func run(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	e := &env{stdout: &out, stderr: &errb, getenv: func(k string) string { return vars[k] }}
+	code = e.main(context.Background(), args)
+	return code, out.String(), errb.String()
+}
+
+func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
+	for _, args := range [][]string{
+		{"nope"},
+		{"relay", "--batch", "-5"},
+		{"relay", "--lease", "0s"},
+		{"relay", "--lease", "1s", "--publish-timeout", "2s"},
+		{"relay", "--poll", "soon"},
+		{"relay", "--stream-prefix", "a b"},
+		{"fraud", "--max-deliveries", "0"},
+		{"settle"},
+		{"settle", "--count", "10", "--accounts", "1"},
+		{"settle", "--count", "10", "--rate", "-1"},
+		{"status", "extra"},
+		{"migrate", "--log-format", "xml"},
+	} {
+		code, stdout, stderr := run(t, nil, args...)
+		if code != exitUsage || stdout != "" || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stderr == "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 and one line on stderr", args, code, stdout, stderr)
+		}
+	}
+}
+
+func TestUnreachableServerIsOneClearLine(t *testing.T) {
+	env := map[string]string{
+		"DATABASE_URL": "postgres://app:s3cret-pw@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
+		"REDIS_URL":    "redis://:r3dis-pw@127.0.0.1:1/0",
+	}
+	for _, args := range [][]string{{"migrate"}, {"relay"}, {"status"}, {"settle", "--count", "1"}, {"fraud"}} {
+		code, _, stderr := run(t, env, args...)
+		if code != exitFailure || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "cannot reach") {
+			t.Errorf("%v: exit %d, stderr %q; want exit 1 and one 'cannot reach' line", args, code, stderr)
+		}
+		if strings.Contains(stderr, "s3cret-pw") || strings.Contains(stderr, "r3dis-pw") {
+			t.Errorf("%v: password leaked: %s", args, stderr)
+		}
+	}
+}
+
+func TestMissingSchemaSaysRunMigrate(t *testing.T) {
+	url := outboxtest.PostgresURL(t)
+	rdb := outboxtest.NewRedis(t)
+	code, _, stderr := run(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}, "status", "--stream", rdb.Prefix+"s")
+	if code != exitOK {
+		t.Fatalf("status on a migrated database: exit %d %s", code, stderr)
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), "DROP TABLE outbox_messages"); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = run(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}, "relay")
+	if code != exitFailure || !strings.Contains(stderr, "outbox migrate") {
+		t.Fatalf("relay without schema: exit %d, %q", code, stderr)
+	}
+}
+
+func TestSettleAndStatusJSON(t *testing.T) {
+	url := outboxtest.PostgresURL(t)
+	rdb := outboxtest.NewRedis(t)
+	env := map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}
+	code, stdout, stderr := run(t, env, "settle", "--count", "50", "--concurrency", "4", "--accounts", "5", "--json")
+	if code != exitOK {
+		t.Fatalf("settle: exit %d %s", code, stderr)
+	}
+	var sum SettleSummary
+	if err := json.Unmarshal([]byte(stdout), &sum); err != nil || sum.Settled != 50 || sum.Failed != 0 {
+		t.Fatalf("settle summary %s (err %v)", stdout, err)
+	}
+	code, stdout, stderr = run(t, env, "status", "--json", "--stream", rdb.Prefix+"outbox.event.transfer")
+	if code != exitOK {
+		t.Fatalf("status: exit %d %s", code, stderr)
+	}
+	var st map[string]any
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"pending", "publishing", "published", "dead", "oldest_pending_seconds", "stream_length", "group_pending"} {
+		if _, ok := st[k]; !ok {
+			t.Errorf("status lacks %q: %s", k, stdout)
+		}
+	}
+	if st["pending"] != float64(50) || st["oldest_pending_seconds"].(float64) <= 0 {
+		t.Fatalf("status %s: want 50 pending with an age", stdout)
+	}
+}

@@ -1,0 +1,115 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.BatchSize != DefaultBatchSize || c.Lease != DefaultLease || c.PollInterval != DefaultPollInterval ||
+		c.MaxAttempts != DefaultMaxAttempts || c.ReapInterval != DefaultLease/2 || c.PublishTimeout != DefaultPublishTimeout ||
+		c.Channel != DefaultChannel || c.Name == "" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if got := c.StreamKey("transfer"); got != "outbox.event.transfer" {
+		t.Fatalf("stream key %q, want outbox.event.transfer", got)
+	}
+	if got := (Config{Stream: "all"}).StreamKey("transfer"); got != "all" {
+		t.Fatalf("fixed stream key %q", got)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("zero config invalid: %v", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for name, c := range map[string]Config{
+		"negative batch":            {BatchSize: -1},
+		"huge batch":                {BatchSize: MaxBatchSize + 1},
+		"negative lease":            {Lease: -time.Second},
+		"publish longer than lease": {Lease: time.Second, PublishTimeout: 2 * time.Second},
+		"negative poll":             {PollInterval: -1},
+		"zero attempts":             {MaxAttempts: -3},
+		"backoff inverted":          {BackoffBase: time.Minute, BackoffMax: time.Second},
+		"bad channel":               {Channel: "Outbox; DROP TABLE x"},
+		"bad stream":                {Stream: "a b"},
+		"bad prefix":                {StreamPrefix: "x\n"},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted %+v", name, c)
+		}
+	}
+}
+
+func TestBackoffGrowsWithJitterAndCap(t *testing.T) {
+	base, maxD := 100*time.Millisecond, 2*time.Second
+	for n := 1; n <= 12; n++ {
+		want := min(base<<(n-1), maxD)
+		for range 50 {
+			d := backoff(n, base, maxD)
+			if d < want/2 || d > want {
+				t.Fatalf("backoff(%d) = %s, want within [%s, %s]", n, d, want/2, want)
+			}
+		}
+	}
+}
+
+type netErr struct{}
+
+func (netErr) Error() string   { return "i/o timeout" }
+func (netErr) Timeout() bool   { return true }
+func (netErr) Temporary() bool { return true }
+
+var _ net.Error = netErr{}
+
+type redisErr string
+
+func (e redisErr) Error() string { return string(e) }
+func (redisErr) RedisError()     {}
+
+func TestBrokerUnavailable(t *testing.T) {
+	for err, want := range map[error]bool{
+		netErr{}: true,
+		io.EOF:   true,
+		fmt.Errorf("wrapped: %w", io.ErrUnexpectedEOF):                                true,
+		redisErr("OOM command not allowed when used memory > 'maxmemory'"):            true,
+		redisErr("READONLY You can't write against a read only replica."):             true,
+		redisErr("LOADING Redis is loading the dataset in memory"):                    true,
+		errors.New("dial tcp 127.0.0.1:1: connect: connection refused"):               true,
+		redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"): false,
+		redisErr("ERR invalid stream ID"):                                             false,
+	} {
+		if got := brokerUnavailable(err); got != want {
+			t.Errorf("brokerUnavailable(%q) = %v, want %v", err, got, want)
+		}
+	}
+}
+
+func TestPipelineDown(t *testing.T) {
+	e := errors.New("ERR max number of clients reached")
+	w := errors.New("WRONGTYPE")
+	cases := []struct {
+		errs    []error
+		streams []string
+		want    bool
+	}{
+		{[]error{e, e}, []string{"a", "b"}, true},
+		{[]error{w, w}, []string{"a", "a"}, false}, // one stream's problem
+		{[]error{e, nil}, []string{"a", "b"}, false},
+		{[]error{e}, []string{"a"}, false},
+	}
+	for _, c := range cases {
+		if got := pipelineDown(c.errs, c.streams); got != c.want {
+			t.Errorf("pipelineDown(%v, %v) = %v, want %v", c.errs, c.streams, got, c.want)
+		}
+	}
+	if !strings.Contains(fmt.Sprint(errBrokerDown), "broker") {
+		t.Fatal("errBrokerDown text")
+	}
+}
