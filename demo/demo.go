@@ -161,10 +161,17 @@ func (r *runner) settleOneByOne(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var publishedMs float64
-		_ = r.Pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM published_at - created_at) * 1000, -1)
-			FROM outbox_messages WHERE id = $1`, res.EventID).Scan(&publishedMs)
-		fmt.Fprintf(r.Out, "   TED %s -> %s  R$ %12s  committed in %5.2f ms, published %5.2f ms after insert, verdict %-7s %6.2f ms after commit\n",
+		// The verdict can arrive before the relay's mark commits; wait for it.
+		publishedMs := -1.0
+		for range 100 {
+			err := r.Pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM published_at - created_at) * 1000, -1)
+				FROM outbox_messages WHERE id = $1`, res.EventID).Scan(&publishedMs)
+			if err != nil || publishedMs >= 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		fmt.Fprintf(r.Out, "   TED %-10s -> %-10s R$ %9s  commit %5.2f ms | marked published %5.2f ms after insert | verdict %-7s %5.2f ms after commit\n",
 			t.FromAccount, t.ToAccount, transfer.FormatBRL(t.AmountCents), ms(commit), publishedMs, verdict, ms(took))
 		r.check(verdict == want[i], "TED %d judged %q (want %q)", i+1, verdict, want[i])
 	}
