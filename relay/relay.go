@@ -32,8 +32,11 @@ import (
 )
 
 const (
-	// dbTimeout bounds each statement of a batch (claim, mark, release).
-	dbTimeout = 10 * time.Second
+	// claimTimeout bounds the claim; markTimeout bounds the statements that
+	// record a batch's outcome. With the publish timeout (at most 5s by
+	// default) a batch in flight at shutdown is settled within 10s.
+	claimTimeout = 10 * time.Second
+	markTimeout  = 3 * time.Second
 	// releaseDelay keeps released rows unclaimable briefly, so that relays
 	// do not spin on an unavailable broker.
 	releaseDelay = 100 * time.Millisecond
@@ -255,7 +258,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	// lease expires. Every step has its own deadline instead.
 	ctx = context.WithoutCancel(ctx)
 	token := uuid.New()
-	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	rows, err := r.pool.Query(cctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
 	if err != nil {
@@ -318,7 +321,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	// relay re-claimed a row, the row is left to that relay.
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
-	ctx, cancel = context.WithTimeout(ctx, dbTimeout)
+	ctx, cancel = context.WithTimeout(ctx, markTimeout)
 	defer cancel()
 	if len(okIDs) > 0 {
 		tag, err := r.pool.Exec(ctx, r.qMarkPublished, okIDs, streamIDs, token)
