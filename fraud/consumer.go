@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/failpoint"
+	"github.com/tedbank/outbox/internal/retry"
 )
 
 var (
@@ -120,7 +121,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				if ctx.Err() == nil {
 					failures++
 					c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
-					sleep(ctx, retryDelay(failures))
+					retry.Sleep(ctx, retryDelay(failures))
 				}
 				continue
 			}
@@ -141,13 +142,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.log.Warn("consumer group missing (stream deleted?); recreating it")
 			if err := c.EnsureGroup(ctx); err != nil {
 				c.log.Warn("recreating group failed", slog.Any("error", err))
-				sleep(ctx, time.Second)
+				retry.Sleep(ctx, time.Second)
 			}
 		default:
 			failures++
 			d := retryDelay(failures)
 			c.log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
-			sleep(ctx, d)
+			retry.Sleep(ctx, d)
 			needPending = true
 		}
 	}
@@ -401,22 +402,12 @@ func (c *Consumer) effectArgs(ev Event) []any {
 	}
 }
 
-// retryDelay grows linearly to 5s: a consumer failing on every entry must
-// not spin.
+// retryDelay backs off to 5s: a consumer failing on every entry must not spin.
 func retryDelay(failures int) time.Duration {
-	return min(time.Duration(failures)*200*time.Millisecond, 5*time.Second)
+	return retry.Backoff(failures, 100*time.Millisecond, 5*time.Second)
 }
 
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

@@ -47,19 +47,6 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-func TestBackoffGrowsWithJitterAndCap(t *testing.T) {
-	base, maxD := 100*time.Millisecond, 2*time.Second
-	for n := 1; n <= 12; n++ {
-		want := min(base<<(n-1), maxD)
-		for range 50 {
-			d := backoff(n, base, maxD)
-			if d < want/2 || d > want {
-				t.Fatalf("backoff(%d) = %s, want within [%s, %s]", n, d, want/2, want)
-			}
-		}
-	}
-}
-
 type netErr struct{}
 
 func (netErr) Error() string   { return "i/o timeout" }

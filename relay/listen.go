@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tedbank/outbox/internal/retry"
 )
 
 const (
@@ -35,13 +37,13 @@ func (r *Relay) listenLoop(ctx context.Context) {
 			failures = 0
 		}
 		failures++
-		d := backoff(failures, listenBackoffMin, listenBackoffMax)
+		d := retry.Backoff(failures, listenBackoffMin, listenBackoffMax)
 		r.log.Warn("listen connection lost; reconnecting", slog.Any("error", err),
 			slog.Int("attempt", failures), slog.Duration("retry_in", d))
 		// The poll ticker keeps draining meanwhile; wake it now too, since
 		// notifications are being lost.
 		r.kick()
-		sleep(ctx, d)
+		retry.Sleep(ctx, d)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/failpoint"
+	"github.com/tedbank/outbox/internal/retry"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -206,10 +207,10 @@ func (r *Relay) drain(ctx context.Context) (published int, retryIn time.Duration
 			return published, retryIn, err
 		case res.BrokerDown:
 			failures++
-			d := backoff(failures, 100*time.Millisecond, 10*time.Second)
+			d := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
 			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
 				slog.Duration("retry_in", d), slog.Any("error", res.Err))
-			sleep(ctx, d)
+			retry.Sleep(ctx, d)
 		case res.Claimed == 0:
 			return published, retryIn, nil
 		default:
@@ -306,7 +307,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 			res.Err = errs[i]
 			failIDs = append(failIDs, m.ID)
 			failErrs = append(failErrs, truncate(errs[i].Error(), 1000))
-			delay := backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
+			delay := retry.Backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
 			failDelays = append(failDelays, delay.Milliseconds())
 			if res.RetryIn == 0 || delay < res.RetryIn {
 				res.RetryIn = delay
@@ -437,16 +438,6 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			r.log.Warn("returned expired claims to pending", slog.Int("rows", n))
 			r.kick()
 		}
-	}
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
