@@ -310,12 +310,19 @@ func TestListenReconnectsAndCatchesUp(t *testing.T) {
 	f.run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
 
+	listeners := func() int {
+		return f.count(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'outbox-test-listen'`)
+	}
 	for round := range 3 {
+		outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp && listeners() == 1 },
+			"round %d: relay not LISTENing", round)
 		// Kill the listener and commit events before it can come back.
 		tx, err := f.pool.Begin(f.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(f.ctx) }() // a no-op once committed; frees the connection on failure
 		var killed int
 		if err := tx.QueryRow(f.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'outbox-test-listen'`).Scan(&killed); err != nil {

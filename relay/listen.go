@@ -40,9 +40,8 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		d := retry.Backoff(failures, listenBackoffMin, listenBackoffMax)
 		r.log.Warn("listen connection lost; reconnecting", slog.Any("error", err),
 			slog.Int("attempt", failures), slog.Duration("retry_in", d))
-		// The poll ticker keeps draining meanwhile; wake it now too, since
-		// notifications are being lost.
-		r.kick()
+		// The poll keeps draining meanwhile; once LISTENing again, listen
+		// wakes the drainer to catch up on what committed in the gap.
 		retry.Sleep(ctx, d)
 	}
 }
