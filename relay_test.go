@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -1023,77 +1023,6 @@ func TestShutdownFinishesBatchInFlight(t *testing.T) {
 	}
 }
 
-// blackhole is a TCP proxy to target that can be frozen: it then stops
-// forwarding in both directions without closing anything, like a peer that
-// vanished behind a NAT. New connections are forwarded again.
-type blackhole struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	frozen []chan struct{}
-}
-
-func newBlackhole(t *testing.T, target string) *blackhole {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &blackhole{ln: ln, target: target}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go b.serve(c)
-		}
-	}()
-	return b
-}
-
-func (b *blackhole) serve(c net.Conn) {
-	up, err := net.Dial("tcp", b.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	freeze := make(chan struct{})
-	b.mu.Lock()
-	b.frozen = append(b.frozen, freeze)
-	b.mu.Unlock()
-	pipe := func(dst, src net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			select {
-			case <-freeze:
-				<-make(chan struct{}) // swallow everything, forever, holding both sockets open
-			default:
-			}
-			if err != nil {
-				_ = dst.Close()
-				return
-			}
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-	}
-	go pipe(up, c)
-	go pipe(c, up)
-}
-
-// freeze blackholes every connection opened so far.
-func (b *blackhole) freeze() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, f := range b.frozen {
-		close(f)
-	}
-	b.frozen = nil
-}
-
 // A half-open LISTEN connection (no RST, no FIN: the peer just went silent) is
 // noticed by the ping after a quiet poll interval and replaced.
 func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
@@ -1103,9 +1032,12 @@ func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newBlackhole(t, fmt.Sprintf("%s:%d", listen.Host, listen.Port))
-	proxyAddr := proxy.ln.Addr().(*net.TCPAddr)
-	listen.Host, listen.Port = "127.0.0.1", uint16(proxyAddr.Port)
+	proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", listen.Host, listen.Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	listen.Host, listen.Port = "127.0.0.1", uint16(proxy.Port())
 	listen.RuntimeParams["application_name"] = "outbox-test-listen"
 	cfg.ListenConfig = listen
 	cfg.PollInterval = 500 * time.Millisecond
@@ -1119,7 +1051,7 @@ func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
 		return pid
 	}
 	before := pidOf()
-	proxy.freeze()
+	proxy.Freeze()
 	outboxtest.Eventually(t, 20*time.Second, func() bool { p := pidOf(); return p != 0 && p != before && r.Stats().ListenUp },
 		"the half-open LISTEN connection was never replaced")
 	n0 := r.Stats().Notifications
