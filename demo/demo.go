@@ -1,7 +1,18 @@
-// Package demo walks through the outbox end to end against real servers:
-// TEDs settled and judged by anti-fraud within milliseconds, a duplicate
-// delivery skipped, and a relay that died after claiming whose rows are
-// reaped and published by another. Every scenario checks its own outcome.
+// Package demo walks through the outbox end to end against real servers, the
+// way `make demo` shows it:
+//
+//  1. TEDs settled one by one, each with its timeline (committed, notified,
+//     claimed, published, judged by anti-fraud); one trips the velocity rule.
+//  2. A relay killed right after claiming (a real process, SIGKILLed at a
+//     fail point): the reaper returns its rows after the lease and another
+//     relay publishes them; anti-fraud applies each once.
+//  3. The same event delivered twice: anti-fraud recognises and skips it.
+//  4. Redis unavailable: settlements keep committing, the outbox grows, and it
+//     drains when Redis returns.
+//  5. A burst of TEDs with a progress bar, ending with throughput and latency
+//     percentiles.
+//
+// Every scenario checks its own outcome; Run fails if any check failed.
 package demo
 
 import (
@@ -10,258 +21,517 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
 
-// Config says where the demo runs.
+// Config says where the demo runs and how it prints.
 type Config struct {
-	Pool         *pgxpool.Pool
-	Redis        *redis.Client
+	Pool        *pgxpool.Pool
+	Redis       *redis.Client // the demo's own client (reports, checks)
+	DatabaseURL string        // for the relay process of scenario 2
+	RedisURL    string        // idem; also the target of the proxy of scenario 4
+	// Binary is the outbox command, run (and killed) in scenario 2.
+	// Default: this executable.
+	Binary       string
 	StreamPrefix string // relay stream prefix; the transfer stream is <prefix>transfer
 	KeyPrefix    string // anti-fraud key prefix
 	Out          io.Writer
-	Logger       *slog.Logger // logs of the relay and consumer (quiet by default)
+	Color        bool         // ANSI colours and a redrawn progress bar (a terminal)
+	Short        bool         // a smaller burst, for CI
+	Logger       *slog.Logger // logs of the relays and the consumer; quiet by default
 }
 
 // ErrChecksFailed is returned when any scenario's check failed.
 var ErrChecksFailed = errors.New("demo checks failed")
 
-type runner struct {
-	Config
-	passed, failed int
-	rdb            *redis.Client
-}
-
 // Run runs every scenario and prints a closing summary line.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	r := &runner{Config: cfg, rdb: cfg.Redis}
+	if cfg.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find the outbox binary: %w", err)
+		}
+		cfg.Binary = exe
+	}
+	d := &demo{Config: cfg, tl: newTimelines()}
 	start := time.Now()
-
-	consCtx, stopCons := context.WithCancel(ctx)
-	cons, err := fraud.New(r.rdb, fraud.Config{
-		Stream: cfg.StreamPrefix + transfer.AggregateType, KeyPrefix: cfg.KeyPrefix,
-		Consumer: "demo-fraud", Block: 200 * time.Millisecond, Logger: cfg.Logger,
-	})
-	if err != nil {
-		stopCons()
+	if err := d.setUp(ctx); err != nil {
+		d.tearDown()
 		return err
 	}
-	if err := cons.EnsureGroup(ctx); err != nil {
-		stopCons()
-		return err
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = cons.Run(consCtx) })
-	defer func() { stopCons(); wg.Wait() }()
+	defer d.tearDown()
 
-	steps := []struct {
+	scenarios := []struct {
 		title string
 		run   func(context.Context) error
 	}{
-		{"1. TEDs settled one by one: commit -> published -> anti-fraud verdict", r.settleOneByOne},
-		{"2. The same event delivered twice: anti-fraud applies it once", r.duplicate},
-		{"3. A relay dies right after claiming: the reaper returns its rows after the lease", r.deadRelay},
+		{"TEDs settled one by one: commit → NOTIFY → claim → XADD → anti-fraud verdict", d.oneByOne},
+		{"A relay dies right after claiming; the reaper hands its rows to another relay", d.deadRelay},
+		{"The same event delivered twice is applied once", d.duplicate},
+		{"Redis unavailable: settlements keep committing, the outbox drains afterwards", d.redisDown},
+		{"A burst of TEDs", d.burst},
 	}
-	for _, s := range steps {
-		fmt.Fprintf(r.Out, "\n%s\n", s.title)
+	for i, s := range scenarios {
+		fmt.Fprintf(d.Out, "\n%s\n", d.bold(fmt.Sprintf("%d. %s", i+1, s.title)))
 		if err := s.run(ctx); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			r.check(false, "scenario ran: %v", err)
+			d.check(false, "scenario ran to the end: %v", err)
 		}
 	}
-	fmt.Fprintf(r.Out, "\ndemo: %d checks passed, %d failed (%.1fs)\n", r.passed, r.failed, time.Since(start).Seconds())
-	if r.failed > 0 {
+	summary := fmt.Sprintf("demo: %d checks passed, %d failed (%.1fs)", d.passed, d.failed, time.Since(start).Seconds())
+	if d.failed > 0 {
+		fmt.Fprintf(d.Out, "\n%s\n", d.paint(summary, red))
 		return ErrChecksFailed
 	}
+	fmt.Fprintf(d.Out, "\n%s\n", d.paint(summary, green))
 	return nil
 }
 
-func (r *runner) check(ok bool, format string, args ...any) {
-	mark := "ok  "
-	if ok {
-		r.passed++
-	} else {
-		r.failed++
-		mark = "FAIL"
+type demo struct {
+	Config
+	passed, failed int
+
+	tl       *timelines
+	proxy    *tcpproxy.Proxy // every relay and consumer reaches Redis through it
+	viaProxy *redis.Client
+	listen   *pgx.Conn // the demo's own LISTEN, to timestamp notifications
+	stopBg   func()
+	relay    *runningRelay
+}
+
+// setUp starts the proxy, the consumer and the demo's own listener.
+func (d *demo) setUp(ctx context.Context) error {
+	opt, err := redis.ParseURL(d.RedisURL)
+	if err != nil {
+		return fmt.Errorf("redis URL: %w", err)
 	}
-	fmt.Fprintf(r.Out, "   [%s] %s\n", mark, fmt.Sprintf(format, args...))
-}
+	if d.proxy, err = tcpproxy.Start(opt.Addr); err != nil {
+		return fmt.Errorf("start proxy: %w", err)
+	}
+	opt.Addr = d.proxy.Addr()
+	opt.ClientName = "outbox-demo-via-proxy"
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = true
+	d.viaProxy = redis.NewClient(opt)
 
-func (r *runner) newRelay(name string, lease time.Duration) (*relay.Relay, error) {
-	return relay.New(r.Pool, r.rdb, relay.Config{
-		Name: name, StreamPrefix: r.StreamPrefix, Lease: lease, ReapInterval: lease / 4,
-		PollInterval: 5 * time.Second, Logger: r.Logger,
+	listenCfg := d.Pool.Config().ConnConfig.Copy()
+	listenCfg.RuntimeParams["application_name"] = "outbox-demo-observer"
+	if d.listen, err = pgx.ConnectConfig(ctx, listenCfg); err != nil {
+		return fmt.Errorf("connect observer: %w", err)
+	}
+	if _, err := d.listen.Exec(ctx, "LISTEN "+relay.DefaultChannel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+
+	cons, err := fraud.New(d.viaProxy, fraud.Config{
+		Stream: d.StreamPrefix + transfer.AggregateType, KeyPrefix: d.KeyPrefix, Consumer: "demo-fraud",
+		Block: 200 * time.Millisecond, ClaimInterval: time.Second, Logger: d.Logger,
+		OnProcessed: func(ev fraud.Event, outcome string) {
+			if outcome != "duplicate" {
+				d.tl.mark(ev.EventID, stepVerdict, outcome)
+			}
+		},
 	})
+	if err != nil {
+		return err
+	}
+	if err := cons.EnsureGroup(ctx); err != nil {
+		return err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = cons.Run(bg) })
+	wg.Go(func() { d.observeNotifications(bg) })
+	d.stopBg = func() { cancel(); wg.Wait() }
+	return nil
 }
 
-// runRelay starts a relay and returns a function that stops it.
-func (r *runner) runRelay(ctx context.Context, rl *relay.Relay) (stop func()) {
-	ctx, cancel := context.WithCancel(ctx)
+func (d *demo) tearDown() {
+	if d.relay != nil {
+		d.relay.stop()
+	}
+	if d.stopBg != nil {
+		d.stopBg()
+	}
+	if d.listen != nil {
+		_ = d.listen.Close(context.Background())
+	}
+	if d.viaProxy != nil {
+		_ = d.viaProxy.Close()
+	}
+	if d.proxy != nil {
+		_ = d.proxy.Close()
+	}
+}
+
+func (d *demo) observeNotifications(ctx context.Context) {
+	for ctx.Err() == nil {
+		if _, err := d.listen.WaitForNotification(ctx); err != nil {
+			return
+		}
+		d.tl.notified(time.Now())
+	}
+}
+
+// runningRelay is an in-process relay started by the demo.
+type runningRelay struct {
+	*relay.Relay
+	stop func()
+}
+
+func (d *demo) startRelay(name string, lease time.Duration) (*runningRelay, error) {
+	rl, err := relay.New(d.Pool, d.viaProxy, relay.Config{
+		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8,
+		Logger:    d.Logger,
+		OnClaim:   func(ids []uuid.UUID) { d.tl.markAll(ids, stepClaimed) },
+		OnPublish: func(ids []uuid.UUID) { d.tl.markAll(ids, stepPublished) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = rl.Run(ctx) }()
-	return func() { cancel(); <-done }
-}
-
-// waitVerdict polls until transferID has a verdict or the timeout passes.
-func (r *runner) waitVerdict(ctx context.Context, transferID uuid.UUID, timeout time.Duration) (string, time.Duration, error) {
-	start := time.Now()
-	for time.Since(start) < timeout {
-		v, err := fraud.Verdict(ctx, r.rdb, r.KeyPrefix, transferID.String())
-		if err != nil {
-			return "", 0, err
-		}
-		if v != "" {
-			return v, time.Since(start), nil
-		}
-		time.Sleep(200 * time.Microsecond)
-	}
-	return "", timeout, nil
-}
-
-func (r *runner) settleOneByOne(ctx context.Context) error {
-	rl, err := r.newRelay("demo-relay-1", 30*time.Second)
-	if err != nil {
-		return err
-	}
-	stop := r.runRelay(ctx, rl)
-	defer stop()
-	// Give the relay a moment to LISTEN; the fallback poll would catch up anyway.
-	time.Sleep(100 * time.Millisecond)
-
-	teds := []transfer.Transfer{
-		{FromAccount: "ana-0001", ToAccount: "bruno-0002", AmountCents: 125_000},
-		{FromAccount: "carla-0003", ToAccount: "davi-0004", AmountCents: 4_990_00},
-		{FromAccount: "ana-0001", ToAccount: "edu-0005", AmountCents: 75_000_00}, // above the R$ 50.000 rule
-		{FromAccount: "fabi-0006", ToAccount: "ana-0001", AmountCents: 32_10},
-	}
-	want := []string{"approve", "approve", "review", "approve"}
-	for i, t := range teds {
-		t.ID = uuid.New()
-		t0 := time.Now()
-		res, err := transfer.Settle(ctx, r.Pool, t)
-		if err != nil {
-			return err
-		}
-		commit := time.Since(t0)
-		verdict, took, err := r.waitVerdict(ctx, t.ID, 10*time.Second)
-		if err != nil {
-			return err
-		}
-		// The verdict can arrive before the relay's mark commits; wait for it.
-		publishedMs := -1.0
-		for range 100 {
-			err := r.Pool.QueryRow(ctx, `SELECT coalesce(extract(epoch FROM published_at - created_at) * 1000, -1)
-				FROM outbox_messages WHERE id = $1`, res.EventID).Scan(&publishedMs)
-			if err != nil || publishedMs >= 0 {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		fmt.Fprintf(r.Out, "   TED %-10s -> %-10s R$ %9s  commit %5.2f ms | marked published %5.2f ms after insert | verdict %-7s %5.2f ms after commit\n",
-			t.FromAccount, t.ToAccount, transfer.FormatBRL(t.AmountCents), ms(commit), publishedMs, verdict, ms(took))
-		r.check(verdict == want[i], "TED %d judged %q (want %q)", i+1, verdict, want[i])
-	}
-	again, err := transfer.Settle(ctx, r.Pool, transfer.Transfer{ID: uuid.New(), FromAccount: "x", ToAccount: "x", AmountCents: 1})
-	r.check(errors.Is(err, transfer.ErrInvalid) && again.EventID == uuid.Nil,
-		"a TED to the same account is refused and writes nothing: %v", err)
-	return nil
-}
-
-func (r *runner) duplicate(ctx context.Context) error {
-	stream := r.StreamPrefix + transfer.AggregateType
-	entries, err := r.rdb.XRevRangeN(ctx, stream, "+", "-", 1).Result()
-	if err != nil || len(entries) == 0 {
-		return fmt.Errorf("read last stream entry: %v", err)
-	}
-	before, err := fraud.ReadReport(ctx, r.rdb, r.KeyPrefix)
-	if err != nil {
-		return err
-	}
-	values := make([]any, 0, 2*len(entries[0].Values))
-	for k, v := range entries[0].Values {
-		values = append(values, k, v)
-	}
-	if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err(); err != nil {
-		return err
-	}
-	fmt.Fprintf(r.Out, "   re-published event %v (as a relay does after a crash between XADD and its mark)\n", entries[0].Values["event_id"])
-	var after fraud.Report
-	for range 200 {
-		if after, err = fraud.ReadReport(ctx, r.rdb, r.KeyPrefix); err != nil {
-			return err
-		}
-		if after.DuplicatesSkipped > before.DuplicatesSkipped {
+	for range 500 { // LISTEN is up within milliseconds; the poll would catch up anyway
+		if rl.Stats().ListenUp {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
-	r.check(after.DuplicatesSkipped == before.DuplicatesSkipped+1, "anti-fraud recognised the duplicate (duplicates skipped %d -> %d)",
-		before.DuplicatesSkipped, after.DuplicatesSkipped)
-	r.check(after.Verdicts == before.Verdicts, "no second effect (verdicts stay %d)", after.Verdicts)
+	return &runningRelay{Relay: rl, stop: func() { cancel(); <-done }}, nil
+}
+
+func (d *demo) check(ok bool, format string, args ...any) {
+	mark := d.paint("✓", green)
+	if ok {
+		d.passed++
+	} else {
+		d.failed++
+		mark = d.paint("✗ FAILED:", red)
+	}
+	fmt.Fprintf(d.Out, "   %s %s\n", mark, fmt.Sprintf(format, args...))
+}
+
+func (d *demo) settle(ctx context.Context, t transfer.Transfer) (transfer.Result, error) {
+	start := time.Now()
+	res, err := transfer.Settle(ctx, d.Pool, t)
+	if err == nil && res.EventID != uuid.Nil {
+		d.tl.begin(res.EventID, start, time.Now())
+	}
+	return res, err
+}
+
+func (d *demo) report(ctx context.Context) fraud.Report {
+	rep, err := fraud.ReadReport(ctx, d.Redis, d.KeyPrefix)
+	if err != nil {
+		return fraud.Report{}
+	}
+	return rep
+}
+
+// waitFor polls cond until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return cond()
+}
+
+func (d *demo) count(ctx context.Context, query string, args ...any) int {
+	var n int
+	if err := d.Pool.QueryRow(ctx, query, args...).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// --- 1 ----------------------------------------------------------------------
+
+func (d *demo) oneByOne(ctx context.Context) error {
+	rl, err := d.startRelay("demo-relay-1", relay.DefaultLease)
+	if err != nil {
+		return err
+	}
+	d.relay = rl
+	fmt.Fprintf(d.Out, "   relay %q LISTENs on %q; its fallback poll is %s, so only NOTIFY makes it this fast\n",
+		"demo-relay-1", relay.DefaultChannel, relay.DefaultPollInterval)
+
+	teds := []struct {
+		transfer.Transfer
+		want string
+	}{
+		{transfer.Transfer{FromAccount: "ana", ToAccount: "bruno", AmountCents: 1_250_00}, "approve"},
+		{transfer.Transfer{FromAccount: "carla", ToAccount: "davi", AmountCents: 4_990_00}, "approve"},
+		{transfer.Transfer{FromAccount: "ana", ToAccount: "edu", AmountCents: 45_000_00}, "approve"},
+		{transfer.Transfer{FromAccount: "ana", ToAccount: "fabi", AmountCents: 60_000_00}, "review"}, // ana: R$ 106.250,00 in the hour
+		{transfer.Transfer{FromAccount: "gil", ToAccount: "ana", AmountCents: 32_10}, "approve"},
+	}
+	for _, ted := range teds {
+		t := ted.Transfer
+		t.ID = uuid.New()
+		res, err := d.settle(ctx, t)
+		if err != nil {
+			return err
+		}
+		if !waitFor(ctx, 10*time.Second, func() bool { return d.tl.get(res.EventID).done() }) {
+			d.check(false, "TED %s → %s reached anti-fraud within 10s", t.FromAccount, t.ToAccount)
+			continue
+		}
+		line := d.tl.get(res.EventID)
+		fmt.Fprintf(d.Out, "   TED %-5s → %-5s R$ %9s  %s\n", t.FromAccount, t.ToAccount, transfer.FormatBRL(t.AmountCents), d.timeline(line))
+		d.check(line.verdict == ted.want, "verdict %s (want %s)", d.verdictText(line.verdict), ted.want)
+	}
+
+	_, err = transfer.Settle(ctx, d.Pool, transfer.Transfer{ID: uuid.New(), FromAccount: "ana", ToAccount: "ana", AmountCents: 100})
+	d.check(errors.Is(err, transfer.ErrInvalid), "a TED to the sender's own account is refused before anything is written (%v)", err)
 	return nil
 }
 
-func (r *runner) deadRelay(ctx context.Context) error {
-	// Settle three TEDs with no relay running, then claim them as a relay
-	// that dies right after its claim would leave them.
+func (d *demo) timeline(t timeline) string {
+	ms := func(at time.Time) string { return fmt.Sprintf("%.2f", float64(at.Sub(t.start).Microseconds())/1000) }
+	notified := "—"
+	if !t.at[stepNotified].IsZero() {
+		notified = ms(t.at[stepNotified])
+	}
+	return d.paint(fmt.Sprintf("committed %s → notified %s → claimed %s → published %s → judged %s ms",
+		ms(t.at[stepCommitted]), notified, ms(t.at[stepClaimed]), ms(t.at[stepPublished]), ms(t.at[stepVerdict])), dim)
+}
+
+func (d *demo) verdictText(v string) string {
+	if v == "review" {
+		return d.paint("REVIEW", yellow)
+	}
+	return d.paint(v, green)
+}
+
+// --- 2 ----------------------------------------------------------------------
+
+func (d *demo) deadRelay(ctx context.Context) error {
+	d.relay.stop()
+	d.relay = nil
+	before := d.report(ctx)
+
 	var ids []uuid.UUID
 	for i := range 3 {
-		t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("gabi-%04d", i), ToAccount: "hugo-0009", AmountCents: int64(1000 * (i + 1))}
-		if _, err := transfer.Settle(ctx, r.Pool, t); err != nil {
+		t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("hugo-%d", i), ToAccount: "iris", AmountCents: int64(1000 * (i + 1))}
+		if _, err := d.settle(ctx, t); err != nil {
 			return err
 		}
 		ids = append(ids, t.ID)
 	}
-	tag, err := r.Pool.Exec(ctx, `UPDATE outbox_messages SET status = 'publishing', claimed_at = now(),
-		claimed_by = 'demo-relay-that-died', claim_token = gen_random_uuid()
-		WHERE aggregate_id = ANY($1) AND status = 'pending'`, uuidStrings(ids))
-	if err != nil {
-		return err
+	fmt.Fprintln(d.Out, "   3 TEDs settled with no relay running; now a relay process starts, claims them and is SIGKILLed")
+	lease := 2 * time.Second
+	cmd := exec.CommandContext(ctx, d.Binary, "relay", "--name", "doomed-relay", "--stream-prefix", d.StreamPrefix,
+		"--lease", lease.String(), "--log-level", "error")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DatabaseURL, "REDIS_URL="+d.RedisURL, "OUTBOX_FAILPOINT=relay.after-claim")
+	out, err := cmd.CombinedOutput()
+	killed := false
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		killed = strings.Contains(exit.String(), "killed")
 	}
-	fmt.Fprintf(r.Out, "   a relay claimed %d rows and died: they stay 'publishing'\n", tag.RowsAffected())
-	r.check(tag.RowsAffected() == 3, "3 rows left in publishing by the dead relay")
+	d.check(killed, "the relay process died right after its claim (%v)", strings.TrimSpace(string(out)+" "+fmt.Sprint(err)))
+	stuck := d.count(ctx, "SELECT count(*) FROM outbox_messages WHERE status = 'publishing' AND claimed_by = 'doomed-relay'")
+	d.check(stuck == 3, "its 3 rows are left 'publishing' under its claim (%d)", stuck)
 
-	lease := 1500 * time.Millisecond
-	rl, err := r.newRelay("demo-relay-2", lease)
+	started := time.Now()
+	rl, err := d.startRelay("demo-relay-2", lease)
 	if err != nil {
 		return err
 	}
-	t0 := time.Now()
-	stop := r.runRelay(ctx, rl)
-	defer stop()
-	fmt.Fprintf(r.Out, "   another relay starts (lease %s); waiting for the reaper...\n", lease)
-	var verdicts int
-	for _, id := range ids {
-		v, _, err := r.waitVerdict(ctx, id, 15*time.Second)
-		if err != nil {
-			return err
-		}
-		if v != "" {
-			verdicts++
-		}
+	d.relay = rl
+	fmt.Fprintf(d.Out, "   relay %q starts; the lease is %s (30s by default)\n", "demo-relay-2", lease)
+	ok := waitFor(ctx, 20*time.Second, func() bool { return d.report(ctx).Verdicts-before.Verdicts == 3 })
+	published := d.count(ctx, `SELECT count(*) FROM outbox_messages
+		WHERE aggregate_id = ANY($1) AND status = 'published' AND claimed_by = 'demo-relay-2'`, uuidStrings(ids))
+	fmt.Fprintf(d.Out, "   the reaper returned %d expired claims; published and judged %.1fs after the new relay started\n",
+		rl.Stats().Reaped, time.Since(started).Seconds())
+	after := d.report(ctx)
+	d.check(ok && published == 3 && after.Verdicts-before.Verdicts == 3,
+		"all 3 published by demo-relay-2 and judged exactly once (%d published, %d verdicts)", published, after.Verdicts-before.Verdicts)
+	return nil
+}
+
+// --- 3 ----------------------------------------------------------------------
+
+func (d *demo) duplicate(ctx context.Context) error {
+	stream := d.StreamPrefix + transfer.AggregateType
+	entries, err := d.Redis.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil || len(entries) == 0 {
+		return fmt.Errorf("read the last stream entry: %v", err)
 	}
-	var published int
-	if err := r.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_messages WHERE aggregate_id = ANY($1) AND status = 'published'`,
-		uuidStrings(ids)).Scan(&published); err != nil {
+	before := d.report(ctx)
+	values := make([]any, 0, 2*len(entries[0].Values))
+	for k, v := range entries[0].Values {
+		values = append(values, k, v)
+	}
+	if err := d.Redis.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values}).Err(); err != nil {
 		return err
 	}
-	fmt.Fprintf(r.Out, "   reaped %d claims, published and judged after %.1fs\n", rl.Stats().Reaped, time.Since(t0).Seconds())
-	r.check(published == 3 && verdicts == 3, "all 3 published by the second relay and judged once (%d published, %d verdicts)", published, verdicts)
+	fmt.Fprintf(d.Out, "   event %v added to the stream again, as a relay that died between XADD and its mark would\n", entries[0].Values["event_id"])
+	waitFor(ctx, 5*time.Second, func() bool { return d.report(ctx).DuplicatesSkipped > before.DuplicatesSkipped })
+	after := d.report(ctx)
+	d.check(after.DuplicatesSkipped == before.DuplicatesSkipped+1, "anti-fraud recognised the duplicate by its event_id (duplicates skipped %d → %d)",
+		before.DuplicatesSkipped, after.DuplicatesSkipped)
+	d.check(after.Verdicts == before.Verdicts, "and applied nothing twice (verdicts stay %d)", after.Verdicts)
 	return nil
+}
+
+// --- 4 ----------------------------------------------------------------------
+
+func (d *demo) redisDown(ctx context.Context) error {
+	before := d.report(ctx)
+	d.proxy.Down()
+	fmt.Fprintln(d.Out, "   Redis is unreachable for the relay and anti-fraud now")
+	const n = 200
+	var failed int
+	for i := range n {
+		t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("jo-%02d", i%20), ToAccount: "kim", AmountCents: int64(100 + i)}
+		if _, err := d.settle(ctx, t); err != nil {
+			failed++
+		}
+	}
+	time.Sleep(time.Second)
+	pending := d.count(ctx, "SELECT count(*) FROM outbox_messages WHERE status IN ('pending', 'publishing')")
+	fmt.Fprintf(d.Out, "   %d TEDs settled meanwhile; the outbox holds %d pending events\n", n-failed, pending)
+	d.check(failed == 0 && pending == n, "every settlement committed while Redis was down, and waits in the outbox (%d failed, %d pending)", failed, pending)
+
+	d.proxy.Up()
+	back := time.Now()
+	fmt.Fprintln(d.Out, "   Redis is back")
+	ok := waitFor(ctx, 30*time.Second, func() bool { return d.report(ctx).Verdicts-before.Verdicts == n })
+	drained := time.Since(back)
+	burnt := d.count(ctx, "SELECT count(*) FROM outbox_messages WHERE attempts > 0 AND status <> 'published'")
+	dead := d.count(ctx, "SELECT count(*) FROM outbox_messages WHERE status = 'dead'")
+	d.check(ok && dead == 0, "the outbox drained %.1fs after Redis returned; all %d judged, none dead (%d dead)", drained.Seconds(), n, dead)
+	d.check(burnt == 0, "the outage cost no event a publish attempt (%d rows charged)", burnt)
+	return nil
+}
+
+// --- 5 ----------------------------------------------------------------------
+
+func (d *demo) burst(ctx context.Context) error {
+	n, workers := 3000, 4
+	if d.Short {
+		n = 600
+	}
+	before := d.report(ctx)
+	fmt.Fprintf(d.Out, "   %d TEDs from %d concurrent writers between 200 accounts, with one relay and one consumer\n", n, workers)
+	var (
+		next     atomic.Int64
+		failures atomic.Int64
+		ids      = make([]uuid.UUID, n)
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				from := i % 200
+				t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%03d", from),
+					ToAccount: fmt.Sprintf("acct-%03d", (from+1+i%199)%200), AmountCents: int64(1 + (i*7919)%200_000)}
+				res, err := d.settle(ctx, t)
+				if err != nil {
+					failures.Add(1)
+					continue
+				}
+				ids[i] = res.EventID
+			}
+		})
+	}
+	judged := func() int { return int(d.report(ctx).Verdicts - before.Verdicts) }
+	bar := d.progress(n)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	settledAt := time.Duration(0)
+	for {
+		j := judged()
+		bar(j)
+		if settledAt == 0 {
+			select {
+			case <-done:
+				settledAt = time.Since(start)
+			default:
+			}
+		}
+		if j >= n-int(failures.Load()) && settledAt > 0 || time.Since(start) > 2*time.Minute || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	j := judged()
+	bar(j)
+	fmt.Fprintln(d.Out)
+
+	var lat, toPublish, toVerdict []time.Duration
+	for _, id := range ids {
+		if t := d.tl.get(id); t.done() {
+			lat = append(lat, t.at[stepVerdict].Sub(t.at[stepCommitted]))
+			toPublish = append(toPublish, t.at[stepPublished].Sub(t.at[stepCommitted]))
+			toVerdict = append(toVerdict, t.at[stepVerdict].Sub(t.at[stepPublished]))
+		}
+	}
+	quantile := func(xs []time.Duration, q float64) float64 {
+		if len(xs) == 0 {
+			return 0
+		}
+		slices.Sort(xs)
+		return float64(xs[min(len(xs)-1, int(q*float64(len(xs))))].Microseconds()) / 1000
+	}
+	p := func(q float64) float64 { return quantile(lat, q) }
+	fmt.Fprintf(d.Out, "   settled %d in %.2fs (%.0f TED/s); all judged after %.2fs (%.0f/s end to end)\n",
+		n-int(failures.Load()), settledAt.Seconds(), float64(n)/settledAt.Seconds(), elapsed.Seconds(), float64(j)/elapsed.Seconds())
+	fmt.Fprintf(d.Out, "   commit → verdict: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms (p50 commit → XADD %.1f ms, XADD → verdict %.1f ms)\n",
+		p(0.5), p(0.9), p(0.99), p(1), quantile(toPublish, 0.5), quantile(toVerdict, 0.5))
+	d.check(failures.Load() == 0 && j == n, "all %d TEDs settled and judged exactly once (%d judged, %d failed)", n, j, failures.Load())
+	return nil
+}
+
+// progress returns a function that draws a progress bar for done of total.
+func (d *demo) progress(total int) func(done int) {
+	last := 0 // quarters printed
+	return func(done int) {
+		pct := done * 100 / max(total, 1)
+		if d.Color {
+			const width = 40
+			filled := pct * width / 100
+			fmt.Fprintf(d.Out, "\r   [%s%s] %3d%%  %d/%d judged", strings.Repeat("█", filled), strings.Repeat("·", width-filled), pct, done, total)
+			return
+		}
+		for ; last < pct/25; last++ {
+			fmt.Fprintf(d.Out, "   %3d%%  %d/%d judged\n", (last+1)*25, done, total)
+		}
+	}
 }
 
 func uuidStrings(ids []uuid.UUID) []string {
@@ -272,4 +542,20 @@ func uuidStrings(ids []uuid.UUID) []string {
 	return out
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+// --- colour -------------------------------------------------------------------
+
+const (
+	red    = "31"
+	green  = "32"
+	yellow = "33"
+	dim    = "2"
+)
+
+func (d *demo) paint(s, code string) string {
+	if !d.Color {
+		return s
+	}
+	return "\x1b[" + code + "m" + s + "\x1b[0m"
+}
+
+func (d *demo) bold(s string) string { return d.paint(s, "1") }

@@ -57,6 +57,11 @@ type Config struct {
 	Window           time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// OnProcessed, when set, is called for every delivery of a valid event
+	// once its effect is applied (outcome "approve" or "review") or skipped
+	// (outcome "duplicate"), before the XACK. It runs on the consumer's
+	// goroutine: keep it fast.
+	OnProcessed func(ev Event, outcome string)
 }
 
 func (c Config) withDefaults() Config {

@@ -43,6 +43,8 @@ const (
 	outcomeReview    = 2
 )
 
+var outcomeNames = map[int]string{outcomeDuplicate: "duplicate", outcomeApprove: "approve", outcomeReview: "review"}
+
 // Consumer is one member of the anti-fraud consumer group.
 type Consumer struct {
 	cfg   Config
@@ -312,6 +314,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 			log := c.log.With(slog.String("event_id", it.ev.EventID.String()),
 				slog.String("event_type", "transfer.settled"),
 				slog.String("aggregate_id", it.ev.TransferID.String()))
+			if c.cfg.OnProcessed != nil {
+				c.cfg.OnProcessed(it.ev, outcomeNames[outcome])
+			}
 			switch outcome {
 			case outcomeDuplicate:
 				c.stats.duplicates.Add(1)

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -68,6 +69,12 @@ type Config struct {
 	ListenConfig *pgx.ConnConfig
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// OnClaim and OnPublish, when set, are called with the event ids of each
+	// batch right after it is claimed and right after its XADDs succeed
+	// (before the mark). They run on the relay's goroutine: keep them fast.
+	// The demo draws its timelines with them.
+	OnClaim   func(ids []uuid.UUID)
+	OnPublish func(ids []uuid.UUID)
 }
 
 func (c Config) withDefaults() Config {

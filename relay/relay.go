@@ -274,6 +274,9 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 		return res, nil
 	}
 	r.stats.claimed.Add(int64(len(msgs)))
+	if r.cfg.OnClaim != nil {
+		r.cfg.OnClaim(messageIDs(msgs))
+	}
 	failpoint.Inject("relay.after-claim")
 
 	ids, errs := r.publish(ctx, msgs)
@@ -318,8 +321,16 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 		}
 	}
 
+	if r.cfg.OnPublish != nil && len(okIDs) > 0 {
+		r.cfg.OnPublish(okIDs)
+	}
+
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
+	if r.cfg.OnPublish != nil && len(okIDs) > 0 {
+		r.cfg.OnPublish(okIDs)
+	}
+
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
 	ctx, cancel = context.WithTimeout(ctx, markTimeout)
@@ -439,6 +450,14 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			r.kick()
 		}
 	}
+}
+
+func messageIDs(msgs []message) []uuid.UUID {
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	return ids
 }
 
 func truncate(s string, n int) string {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +20,7 @@ import (
 func runDemo(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := e.flags("demo", &c)
+	short := fs.Bool("short", false, "a smaller burst (for CI)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -83,6 +86,19 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		quiet = log
 	}
 	return demo.Run(ctx, demo.Config{
-		Pool: pool, Redis: rdb, StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
+		Pool: pool, Redis: rdb, DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
+		StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
+		Color: isTerminal(e.stdout), Short: *short,
 	})
+}
+
+// isTerminal reports whether w is a terminal (colours and a redrawn progress
+// bar), honouring NO_COLOR.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok || os.Getenv("NO_COLOR") != "" {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
