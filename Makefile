@@ -2,17 +2,27 @@
 #   make demo   walk through settled TEDs end to end
 #   make test   the whole test suite against real PostgreSQL and Redis
 #
-# Servers: DATABASE_URL/REDIS_URL (demo) and TEST_DATABASE_URL/TEST_REDIS_URL
-# (tests) if set; else Docker through testcontainers if an engine answers;
-# else throw-away servers started from the local postgres and redis-server
-# binaries in a temporary directory (apt-get install postgresql redis-server).
+# Servers for the demo: DATABASE_URL/REDIS_URL if set; else Docker Compose if a
+# Docker engine answers (removed afterwards); else throw-away servers started
+# by the demo itself from the local postgres and redis-server binaries.
+# Servers for the tests: TEST_DATABASE_URL/TEST_REDIS_URL if set; else Docker
+# through testcontainers; else the local binaries, in a temporary directory.
 
 GO ?= go
+COMPOSE_DATABASE_URL = postgres://postgres:postgres@localhost:5432/outbox?sslmode=disable
+COMPOSE_REDIS_URL = redis://localhost:6379/0
 
 .PHONY: demo test build vet fmt ci
 
 demo:
-	$(GO) run ./cmd/outbox demo
+	@if [ -z "$$DATABASE_URL$$REDIS_URL" ] && command -v docker >/dev/null 2>&1 && timeout 5 docker info >/dev/null 2>&1 \
+	    && docker compose up -d --wait; then \
+	  echo "Using Docker Compose (docker-compose.yml); it is removed afterwards."; \
+	  DATABASE_URL='$(COMPOSE_DATABASE_URL)' REDIS_URL='$(COMPOSE_REDIS_URL)' $(GO) run ./cmd/outbox demo $(DEMO_FLAGS); \
+	  rc=$$?; docker compose down -v >/dev/null 2>&1; exit $$rc; \
+	else \
+	  $(GO) run ./cmd/outbox demo $(DEMO_FLAGS); \
+	fi
 
 test:
 	$(GO) vet ./...
