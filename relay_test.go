@@ -33,7 +33,7 @@ import (
 	"github.com/tedbank/outbox/transfer"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
+func TestMain(m *testing.M) { outboxtest.MainWithExamples(m) }
 
 // fixture is one test's database, Redis prefix and helpers.
 type fixture struct {

@@ -60,7 +60,61 @@ func run(m *testing.M) int {
 			_ = os.RemoveAll(binDir)
 		}
 	}()
+	if examples {
+		cleanup, err := exampleEnv(ctx)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "outboxtest: set up the examples' database: %v\n", err)
+			return 1
+		}
+		defer cleanup()
+	}
 	return m.Run()
+}
+
+// examples is set by MainWithExamples.
+var examples bool
+
+// ExamplePrefix starts every Redis key the runnable examples use; it is
+// removed after the run.
+const ExamplePrefix = "example."
+
+// MainWithExamples is Main for packages with runnable examples: they read
+// DATABASE_URL (a fresh migrated database) and REDIS_URL, as a service would,
+// and keep their Redis keys under ExamplePrefix.
+func MainWithExamples(m *testing.M) {
+	examples = true
+	os.Exit(run(m))
+}
+
+func exampleEnv(ctx context.Context) (cleanup func(), err error) {
+	dbURL, drop, err := testenv.CreateDatabase(ctx, pgServer.URL, "examples")
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	_, err = migrate.Up(ctx, pool)
+	pool.Close()
+	if err != nil {
+		return nil, err
+	}
+	os.Setenv("DATABASE_URL", dbURL)
+	os.Setenv("REDIS_URL", redisServer.URL)
+	return func() {
+		_ = drop(context.Background())
+		opt, err := redis.ParseURL(redisServer.URL)
+		if err != nil {
+			return
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		iter := rdb.Scan(context.Background(), 0, ExamplePrefix+"*", 1000).Iterator()
+		for iter.Next(context.Background()) {
+			rdb.Del(context.Background(), iter.Val())
+		}
+	}, nil
 }
 
 // PostgresURL returns the URL of a fresh, migrated database that is dropped
