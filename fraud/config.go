@@ -57,6 +57,8 @@ type Config struct {
 	Window           time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, records the consumer's Prometheus metrics.
+	Metrics *Metrics
 	// OnProcessed, when set, is called for every delivery of a valid event
 	// once its effect is applied (outcome "approve" or "review") or skipped
 	// (outcome "duplicate"), before the XACK. It runs on the consumer's

@@ -81,6 +81,14 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 	}, nil
 }
 
+// Ready reports why the consumer cannot do its work right now, or nil.
+func (c *Consumer) Ready(ctx context.Context) error {
+	if err := c.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}
+
 // Config returns the consumer's effective configuration.
 func (c *Consumer) Config() Config { return c.cfg }
 
@@ -250,6 +258,8 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 // Once entries are read it finishes even if ctx is cancelled.
 func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 	ctx = context.WithoutCancel(ctx)
+	started := time.Now()
+	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
 	failpoint.Inject("fraud.after-read")
 
 	type item struct {
@@ -307,6 +317,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 				// often it is delivered. Only undecodable entries are
 				// dead-lettered.
 				c.stats.failed.Add(1)
+				if m := c.cfg.Metrics; m != nil {
+					m.failed.Inc()
+				}
 				transient = fmt.Errorf("apply event %s (entry %s): %w", it.ev.EventID, it.msg.ID, err)
 				continue
 			}
@@ -314,6 +327,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 			log := c.log.With(slog.String("event_id", it.ev.EventID.String()),
 				slog.String("event_type", "transfer.settled"),
 				slog.String("aggregate_id", it.ev.TransferID.String()))
+			c.cfg.Metrics.outcome(outcomeNames[outcome])
 			if c.cfg.OnProcessed != nil {
 				c.cfg.OnProcessed(it.ev, outcomeNames[outcome])
 			}
@@ -379,6 +393,9 @@ func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 	}
 	if moved == 1 {
 		c.stats.deadLettered.Add(1)
+		if m := c.cfg.Metrics; m != nil {
+			m.deadLettered.Inc()
+		}
 		log.Error("entry moved to the dead-letter stream", slog.String("dlq", c.keys.DeadLetters()))
 	}
 }

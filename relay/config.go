@@ -69,6 +69,8 @@ type Config struct {
 	ListenConfig *pgx.ConnConfig
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, records the relay's Prometheus metrics.
+	Metrics *Metrics
 	// OnClaim and OnPublish, when set, are called with the event ids of each
 	// batch right after it is claimed and right after its XADDs succeed
 	// (before the mark). They run on the relay's goroutine: keep them fast.

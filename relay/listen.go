@@ -30,6 +30,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		start := time.Now()
 		err := r.listen(ctx)
 		r.stats.listenUp.Store(false)
+		r.cfg.Metrics.listen(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -66,6 +67,7 @@ func (r *Relay) listen(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w", r.cfg.Channel, err)
 	}
 	r.stats.listenUp.Store(true)
+	r.cfg.Metrics.listen(true)
 	r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
 	r.kick()
 
@@ -76,6 +78,9 @@ func (r *Relay) listen(ctx context.Context) error {
 		switch {
 		case n != nil:
 			r.stats.notifications.Add(1)
+			if m := r.cfg.Metrics; m != nil {
+				m.notifications.Inc()
+			}
 			r.kick()
 		case ctx.Err() != nil:
 			return nil

@@ -112,6 +112,21 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 	}, nil
 }
 
+// Ready reports why the relay cannot do its work right now, or nil: the
+// database and Redis answer and the LISTEN connection is up.
+func (r *Relay) Ready(ctx context.Context) error {
+	if err := r.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { p.Ping(ctx); return nil }); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if !r.stats.listenUp.Load() {
+		return errors.New("LISTEN connection down")
+	}
+	return nil
+}
+
 // Config returns the relay's effective configuration.
 func (r *Relay) Config() Config { return r.cfg }
 
@@ -165,6 +180,9 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		n, retryIn, err := r.drain(ctx)
 		if polled && n > 0 {
 			r.stats.pollsWithWork.Add(1)
+			if m := r.cfg.Metrics; m != nil {
+				m.pollsWithWork.Inc()
+			}
 		}
 		polled = false
 		if err != nil && ctx.Err() == nil {
@@ -183,6 +201,9 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		case <-retry.C:
 		case <-poll.C:
 			r.stats.polls.Add(1)
+			if m := r.cfg.Metrics; m != nil {
+				m.polls.Inc()
+			}
 			polled = true
 		}
 	}
@@ -258,6 +279,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	// interrupted after the server committed it would strand rows until the
 	// lease expires. Every step has its own deadline instead.
 	ctx = context.WithoutCancel(ctx)
+	started := time.Now()
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
@@ -273,6 +295,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	if len(msgs) == 0 {
 		return res, nil
 	}
+	defer func() { r.cfg.Metrics.batch(res, time.Since(started)) }()
 	r.stats.claimed.Add(int64(len(msgs)))
 	if r.cfg.OnClaim != nil {
 		r.cfg.OnClaim(messageIDs(msgs))
@@ -302,12 +325,14 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 		case errs[i] == nil:
 			okIDs = append(okIDs, m.ID)
 			streamIDs = append(streamIDs, ids[i])
+			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
 		case brokerUnavailable(errs[i]):
 			res.BrokerDown = true
 			res.Err = errs[i]
 			releaseIDs = append(releaseIDs, m.ID)
 		default:
 			res.Err = errs[i]
+			r.cfg.Metrics.failure(m.EventType)
 			failIDs = append(failIDs, m.ID)
 			failErrs = append(failErrs, truncate(errs[i].Error(), 1000))
 			delay := retry.Backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
@@ -429,6 +454,9 @@ func (r *Relay) Reap(ctx context.Context) (int, error) {
 		}
 	}
 	r.stats.reaped.Add(int64(total))
+	if m := r.cfg.Metrics; m != nil {
+		m.reaped.Add(float64(total))
+	}
 	return total, nil
 }
 

@@ -1,0 +1,140 @@
+package outbox_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/metrics"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/relay"
+)
+
+// scrape GETs /metrics and returns the value of a metric (its first series
+// matching the label, if given), or -1 when absent.
+func scrape(t *testing.T, url, name string, label ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fam, ok := fams[name]
+	if !ok {
+		return -1
+	}
+	for _, m := range fam.Metric {
+		if len(label) == 2 && !hasLabel(m, label[0], label[1]) {
+			continue
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return -1
+}
+
+func hasLabel(m *dto.Metric, k, v string) bool {
+	for _, l := range m.Label {
+		if l.GetName() == k && l.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The metrics follow the database: the pending gauge and the oldest-age gauge
+// rise while events wait and fall to zero once the relay drains them.
+func TestMetricsFollowTheOutbox(t *testing.T) {
+	f := newFixture(t)
+	reg := metrics.NewRegistry()
+	reg.MustRegister(relay.NewOutboxCollector(f.pool))
+	cfg := f.relayConfig("r1")
+	cfg.Metrics = relay.NewMetrics(reg)
+	r := f.newRelay(cfg, nil)
+	srv := httptest.NewServer(metrics.Handler(reg, r.Ready))
+	defer srv.Close()
+
+	if code, _ := get(t, srv.URL+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz before the relay runs: %d %s, want 503 (LISTEN down)", code, body)
+	}
+
+	f.settle(7)
+	if got := scrape(t, srv.URL, "outbox_messages", "status", "pending"); got != 7 {
+		t.Fatalf("pending gauge %v, want 7", got)
+	}
+	age1 := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds")
+	time.Sleep(300 * time.Millisecond)
+	age2 := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds")
+	if age1 <= 0 || age2 < age1+0.25 {
+		t.Fatalf("oldest pending age %v then %v: want it positive and growing while events wait", age1, age2)
+	}
+
+	f.run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, srv.URL, "outbox_messages", "status", "pending") == 0
+	}, "pending gauge never dropped to 0")
+	if got := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds"); got != 0 {
+		t.Fatalf("oldest age %v after the drain, want 0", got)
+	}
+	if got := scrape(t, srv.URL, "outbox_relay_published_total"); got != 7 {
+		t.Fatalf("published_total %v, want 7", got)
+	}
+	if got := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'"); got != 7 {
+		t.Fatalf("%d published rows", got)
+	}
+	if got := scrape(t, srv.URL, "outbox_relay_listen_connected"); got != 1 {
+		t.Fatalf("listen_connected %v", got)
+	}
+	if got := scrape(t, srv.URL, "outbox_relay_publish_delay_seconds"); got != 7 {
+		t.Fatalf("publish delay observations %v, want 7", got)
+	}
+	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+
+	// Anti-fraud: processed, duplicates and the group's pending count.
+	creg := metrics.NewRegistry()
+	c := f.consumer("c1", func(c *fraud.Config) { c.Metrics = fraud.NewMetrics(creg) })
+	creg.MustRegister(fraud.NewGroupCollector(f.rdb.Client, f.stream(), fraud.DefaultGroup))
+	csrv := httptest.NewServer(metrics.Handler(creg, c.Ready))
+	defer csrv.Close()
+	f.run(c.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, csrv.URL, "outbox_fraud_events_processed_total", "verdict", "approve") == 7
+	}, "processed counter never reached 7")
+	if got := scrape(t, csrv.URL, "outbox_fraud_group_pending"); got != 0 {
+		t.Fatalf("group pending %v, want 0", got)
+	}
+}

@@ -1,0 +1,147 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Metrics are the relay's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	published       prometheus.Counter
+	publishFailures *prometheus.CounterVec
+	released        prometheus.Counter
+	fenced          prometheus.Counter
+	reaped          prometheus.Counter
+	batchSize       prometheus.Histogram
+	batchDuration   prometheus.Histogram
+	publishDelay    prometheus.Histogram
+	listenConnected prometheus.Gauge
+	notifications   prometheus.Counter
+	polls           prometheus.Counter
+	pollsWithWork   prometheus.Counter
+}
+
+// NewMetrics creates the relay metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_published_total", Help: "Events published to Redis and marked published."}),
+		publishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_publish_failures_total", Help: "Failed publish attempts charged to an event, by event type."},
+			[]string{"event_type"}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_released_total", Help: "Claimed events given back without an attempt (Redis unavailable, shutdown)."}),
+		fenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_fenced_total", Help: "Events published after this relay's claim was taken over (lease expired)."}),
+		reaped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_reaped_total", Help: "Expired claims returned to pending by this relay's reaper."}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_relay_batch_size", Help: "Events per claimed batch.",
+			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}}),
+		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_relay_batch_duration_seconds", Help: "Time to claim, publish and mark one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		publishDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_relay_publish_delay_seconds", Help: "From the event's transaction start (created_at) to its XADD.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20)}),
+		listenConnected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_listen_connected", Help: "1 while the LISTEN connection is established."}),
+		notifications: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_notifications_total", Help: "NOTIFY wake-ups received."}),
+		polls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_polls_total", Help: "Fallback polls."}),
+		pollsWithWork: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_polls_with_work_total", Help: "Fallback polls that found events: a non-zero rate means wake-ups are being missed."}),
+	}
+	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.batchSize, m.batchDuration,
+		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork)
+	return m
+}
+
+func (m *Metrics) batch(res BatchResult, took time.Duration) {
+	if m == nil || res.Claimed == 0 {
+		return
+	}
+	m.batchSize.Observe(float64(res.Claimed))
+	m.batchDuration.Observe(took.Seconds())
+	m.published.Add(float64(res.Published))
+	m.released.Add(float64(res.Released))
+	m.fenced.Add(float64(res.Fenced))
+}
+
+func (m *Metrics) failure(eventType string) {
+	if m != nil {
+		m.publishFailures.WithLabelValues(eventType).Inc()
+	}
+}
+
+func (m *Metrics) delay(d time.Duration) {
+	if m != nil {
+		m.publishDelay.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) listen(up bool) {
+	if m != nil {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		m.listenConnected.Set(v)
+	}
+}
+
+// OutboxCollector exports the state of outbox_messages at scrape time: rows
+// per unpublished status and the age of the oldest pending row (the alert
+// that matters). Its queries use the partial indexes, so they stay cheap
+// however many published rows the table holds.
+type OutboxCollector struct {
+	pool   *pgxpool.Pool
+	query  string
+	rows   *prometheus.Desc
+	oldest *prometheus.Desc
+	up     *prometheus.Desc
+}
+
+// NewOutboxCollector returns a collector reading outbox_messages with pool.
+func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
+	return &OutboxCollector{
+		pool:  pool,
+		query: outboxsql.Query("metrics_outbox"),
+		rows: prometheus.NewDesc("outbox_messages", "Outbox rows per status (published rows are not counted).",
+			[]string{"status"}, nil),
+		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
+			"Age of the oldest pending outbox row, 0 when none.", nil, nil),
+		up: prometheus.NewDesc("outbox_database_up", "1 if the last scrape could read the outbox.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.rows
+	ch <- c.oldest
+	ch <- c.up
+}
+
+// Collect implements prometheus.Collector.
+func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var pending, publishing, dead int64
+	var oldest float64
+	err := c.pool.QueryRow(ctx, c.query).Scan(&pending, &publishing, &dead, &oldest)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(pending), "pending")
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(publishing), "publishing")
+	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(dead), "dead")
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
+}
