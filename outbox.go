@@ -27,12 +27,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tedbank/outbox/internal/tracing"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -52,8 +55,9 @@ type Message struct {
 	EventType string
 	// Payload is the event body, a JSON document.
 	Payload json.RawMessage
-	// Headers are optional metadata (e.g. a W3C traceparent), sent along with
-	// the event.
+	// Headers are optional metadata sent along with the event. When ctx
+	// carries a trace and Headers has no traceparent, Write adds the W3C
+	// trace context, so consumers continue the caller's trace.
 	Headers map[string]string
 }
 
@@ -131,10 +135,19 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 			}
 			m.ID = id
 		}
+		hdrs := m.Headers
+		if _, ok := hdrs[tracing.HeaderTraceparent]; !ok && trace.SpanContextFromContext(ctx).IsValid() {
+			// Carry the caller's trace to the consumers.
+			hdrs = maps.Clone(hdrs)
+			if hdrs == nil {
+				hdrs = map[string]string{}
+			}
+			tracing.Inject(ctx, hdrs)
+		}
 		h := []byte("{}")
-		if len(m.Headers) > 0 {
+		if len(hdrs) > 0 {
 			var err error
-			if h, err = json.Marshal(m.Headers); err != nil {
+			if h, err = json.Marshal(hdrs); err != nil {
 				return nil, fmt.Errorf("message %d: headers: %w", i, err)
 			}
 		}

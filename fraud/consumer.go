@@ -21,9 +21,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/retry"
+	"github.com/tedbank/outbox/internal/tracing"
 )
 
 var (
@@ -42,6 +46,8 @@ const (
 	outcomeApprove   = 1
 	outcomeReview    = 2
 )
+
+var tracer = tracing.Tracer("github.com/tedbank/outbox/fraud")
 
 var outcomeNames = map[int]string{outcomeDuplicate: "duplicate", outcomeApprove: "approve", outcomeReview: "review"}
 
@@ -263,9 +269,10 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 	failpoint.Inject("fraud.after-read")
 
 	type item struct {
-		msg redis.XMessage
-		ev  Event
-		cmd *redis.Cmd
+		msg  redis.XMessage
+		ev   Event
+		cmd  *redis.Cmd
+		span trace.Span
 	}
 	var (
 		valid     []item
@@ -287,7 +294,14 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 			bad, badEr = append(bad, m), append(badEr, err)
 			continue
 		}
-		valid = append(valid, item{msg: m, ev: ev})
+		headers, _ := m.Values["headers"].(string)
+		_, span := tracer.Start(tracing.ExtractJSON(ctx, []byte(headers)), "fraud.process",
+			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+				attribute.String("messaging.system", "redis"),
+				attribute.String("messaging.destination.name", c.cfg.Stream),
+				attribute.String("messaging.message.id", ev.EventID.String()),
+				attribute.String("messaging.consumer.group.name", c.cfg.Group)))
+		valid = append(valid, item{msg: m, ev: ev, span: span})
 	}
 
 	if len(valid) > 0 {
@@ -312,6 +326,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 		for _, it := range valid {
 			outcome, err := it.cmd.Int()
 			if err != nil {
+				it.span.RecordError(err)
+				it.span.SetStatus(codes.Error, err.Error())
+				it.span.End()
 				// Not the entry's fault (Redis busy, failing over, out of
 				// memory...): it stays pending and is retried, however
 				// often it is delivered. Only undecodable entries are
@@ -327,6 +344,8 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 			log := c.log.With(slog.String("event_id", it.ev.EventID.String()),
 				slog.String("event_type", "transfer.settled"),
 				slog.String("aggregate_id", it.ev.TransferID.String()))
+			it.span.SetAttributes(attribute.String("fraud.outcome", outcomeNames[outcome]))
+			it.span.End()
 			c.cfg.Metrics.outcome(outcomeNames[outcome])
 			if c.cfg.OnProcessed != nil {
 				c.cfg.OnProcessed(it.ev, outcomeNames[outcome])

@@ -26,11 +26,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/retry"
+	"github.com/tedbank/outbox/internal/tracing"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
+
+var tracer = tracing.Tracer("github.com/tedbank/outbox/relay")
 
 const (
 	// claimTimeout bounds the claim; markTimeout bounds the statements that
@@ -413,8 +419,21 @@ func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error)
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(msgs))
+	spans := make([]trace.Span, len(msgs))
 	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, m := range msgs {
+			// Continue the writer's trace; the entry carries this span on.
+			sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "outbox.publish",
+				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+					attribute.String("messaging.system", "redis"),
+					attribute.String("messaging.destination.name", r.cfg.StreamKey(m.AggregateType)),
+					attribute.String("messaging.message.id", m.ID.String()),
+					attribute.String("outbox.event_type", m.EventType)))
+			spans[i] = span
+			headers := m.Headers
+			if span.IsRecording() {
+				headers = tracing.ReplaceJSON(sctx, headers)
+			}
 			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
 				Stream: r.cfg.StreamKey(m.AggregateType),
 				Values: []any{
@@ -423,7 +442,7 @@ func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error)
 					"aggregate_type", m.AggregateType,
 					"aggregate_id", m.AggregateID,
 					"payload", m.Payload,
-					"headers", m.Headers,
+					"headers", headers,
 					"occurred_at", m.CreatedAt.UTC().Format(time.RFC3339Nano),
 					"seq", m.Seq,
 				},
@@ -435,6 +454,11 @@ func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error)
 	errs := make([]error, len(msgs))
 	for i, c := range cmds {
 		ids[i], errs[i] = c.Result()
+		if errs[i] != nil {
+			spans[i].RecordError(errs[i])
+			spans[i].SetStatus(codes.Error, errs[i].Error())
+		}
+		spans[i].End()
 	}
 	return ids, errs
 }

@@ -13,8 +13,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tedbank/outbox"
+	"github.com/tedbank/outbox/internal/tracing"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -149,7 +153,22 @@ func Settle(ctx context.Context, db TxBeginner, t Transfer) (Result, error) {
 // SettleTx settles t inside the caller's transaction, for services that change
 // more in the same unit of work. Nothing is visible until the caller commits;
 // if the caller rolls back, neither the transfer nor its event exists.
-func SettleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
+func SettleTx(ctx context.Context, tx pgx.Tx, t Transfer) (res Result, err error) {
+	ctx, span := tracer.Start(ctx, "transfer.settle", trace.WithAttributes(
+		attribute.String("transfer.id", t.ID.String()), attribute.Int64("transfer.amount_cents", t.AmountCents)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	return settleTx(ctx, tx, t)
+}
+
+var tracer = tracing.Tracer("github.com/tedbank/outbox/transfer")
+
+func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	if err := t.Validate(); err != nil {
 		return Result{}, err
 	}

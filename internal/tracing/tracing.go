@@ -1,0 +1,101 @@
+// Package tracing carries W3C trace context through the outbox: into the
+// event headers at write time, from the row headers into the stream entry at
+// publish time, and out of the entry at consume time, so that one trace spans
+// settle → publish → process. Spans go to the global OpenTelemetry tracer
+// provider: a no-op unless Setup (or the embedding service) installs one.
+package tracing
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// HeaderTraceparent is the header that holds the W3C trace context.
+const HeaderTraceparent = "traceparent"
+
+var propagator = propagation.TraceContext{}
+
+// Tracer returns the tracer for an instrumentation scope (a package path).
+func Tracer(scope string) trace.Tracer { return otel.Tracer(scope) }
+
+// Inject adds the trace context of ctx (traceparent, tracestate) to headers,
+// if ctx carries a valid span context.
+func Inject(ctx context.Context, headers map[string]string) {
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		propagator.Inject(ctx, propagation.MapCarrier(headers))
+	}
+}
+
+// Extract returns ctx with the remote span context found in headers.
+func Extract(ctx context.Context, headers map[string]string) context.Context {
+	return propagator.Extract(ctx, propagation.MapCarrier(headers))
+}
+
+// ExtractJSON is Extract for headers encoded as a JSON object. It does no
+// work for headers without a traceparent, the common case when tracing is
+// off.
+func ExtractJSON(ctx context.Context, raw []byte) context.Context {
+	if !bytes.Contains(raw, []byte(HeaderTraceparent)) {
+		return ctx
+	}
+	var h map[string]string
+	if json.Unmarshal(raw, &h) != nil {
+		return ctx
+	}
+	return Extract(ctx, h)
+}
+
+// ReplaceJSON returns raw (a JSON object of headers) with the trace context
+// of ctx in place of the one it had. It returns raw unchanged when ctx has no
+// valid span context or raw is not a JSON object of strings.
+func ReplaceJSON(ctx context.Context, raw []byte) []byte {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return raw
+	}
+	h := map[string]string{}
+	if len(bytes.TrimSpace(raw)) > 0 && json.Unmarshal(raw, &h) != nil {
+		return raw
+	}
+	propagator.Inject(ctx, propagation.MapCarrier(h))
+	out, err := json.Marshal(h)
+	if err != nil {
+		return raw
+	}
+	return out
+}
+
+// Setup installs a tracer provider that exports spans when the standard
+// OpenTelemetry variables ask for it (OTEL_TRACES_EXPORTER, or an
+// OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT); otherwise it does nothing. The
+// returned function flushes and stops the exporter.
+func Setup(ctx context.Context, serviceName string) (shutdown func(context.Context) error, err error) {
+	noop := func(context.Context) error { return nil }
+	if os.Getenv("OTEL_TRACES_EXPORTER") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" &&
+		os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
+		return noop, nil
+	}
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		return noop, fmt.Errorf("trace exporter: %w", err)
+	}
+	res := resource.Default() // honours OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+	if os.Getenv("OTEL_SERVICE_NAME") == "" {
+		if merged, err := resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(serviceName))); err == nil {
+			res = merged
+		}
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	return tp.Shutdown, nil
+}
