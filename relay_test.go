@@ -1091,3 +1091,55 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().Verdicts == 5 }, "entries not applied after the fault cleared")
 	f.checkEffectsOnce(teds)
 }
+
+// Trimming caps the stream but never removes an entry a consumer group has
+// not read, or read and not acknowledged: a lagging consumer loses nothing.
+func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
+	f := newFixture(t)
+	if err := f.consumer("c1", nil).EnsureGroup(f.ctx); err != nil { // the group exists, but lags
+		t.Fatal(err)
+	}
+	teds := f.settle(50)
+	cfg := f.relayConfig("r1")
+	cfg.StreamMaxLen = 10
+	r := f.newRelay(cfg, nil)
+	if res, err := r.DrainBatch(f.ctx); err != nil || res.Published != 50 {
+		t.Fatalf("publish: %+v %v", res, err)
+	}
+	if n, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream()); err != nil || n != 0 {
+		t.Fatalf("trimmed %d (err %v) although the group has read nothing", n, err)
+	}
+
+	// The consumer processes (and acknowledges) 20; another reads 10 more
+	// and dies before acknowledging them.
+	c20 := f.consumer("c1", func(c *fraud.Config) { c.BatchSize = 20 })
+	if n, err := c20.ReadNew(f.ctx); err != nil || n != 20 {
+		t.Fatalf("processed %d (err %v), want 20", n, err)
+	}
+	res, err := f.rdb.XReadGroup(f.ctx, &redis.XReadGroupArgs{Group: fraud.DefaultGroup, Consumer: "c2",
+		Streams: []string{f.stream(), ">"}, Count: 10, Block: -1}).Result()
+	if err != nil || len(res[0].Messages) != 10 {
+		t.Fatalf("read: %v", err)
+	}
+	unacked := res[0].Messages
+	n, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream())
+	if err != nil || n != 20 {
+		t.Fatalf("trimmed %d (err %v), want the 20 read and acknowledged entries", n, err)
+	}
+	if first, _ := f.rdb.XRangeN(f.ctx, f.stream(), "-", "+", 1).Result(); first[0].ID != unacked[0].ID {
+		t.Fatalf("oldest entry is %s, want the oldest unacknowledged %s", first[0].ID, unacked[0].ID)
+	}
+
+	// The consumers catch up (c2's entries are claimed): every TED is
+	// judged, none was lost.
+	f.run(f.consumer("c1", func(c *fraud.Config) { c.ClaimMinIdle = 50 * time.Millisecond }).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 50 }, "a lagging consumer lost events to trimming")
+	f.checkEffectsOnce(teds)
+	// Once everything is acknowledged, the cap applies.
+	if _, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream()); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.rdb.XLen(f.ctx, f.stream()).Val(); n != 10 {
+		t.Fatalf("stream length %d after catching up, want the cap of 10", n)
+	}
+}

@@ -22,6 +22,7 @@ const (
 	DefaultBackoffMax     = 5 * time.Minute
 	DefaultStreamPrefix   = "outbox.event."
 	DefaultChannel        = "outbox_messages"
+	DefaultTrimInterval   = 10 * time.Second
 )
 
 // MaxBatchSize bounds Config.BatchSize.
@@ -62,6 +63,13 @@ type Config struct {
 	StreamPrefix string
 	// Stream, when set, is the one stream every event goes to instead.
 	Stream string
+	// StreamMaxLen and StreamRetention cap the streams this relay publishes
+	// to (0: no cap): entries beyond the newest StreamMaxLen, or older than
+	// StreamRetention, are trimmed every TrimInterval (default 10s) — but
+	// never one that a consumer group has not read or not acknowledged.
+	StreamMaxLen    int64
+	StreamRetention time.Duration
+	TrimInterval    time.Duration
 	// Channel is the LISTEN channel the outbox trigger notifies.
 	Channel string
 	// ListenConfig is the connection used only for LISTEN. Default: the pool's
@@ -114,6 +122,9 @@ func (c Config) withDefaults() Config {
 	if c.Channel == "" {
 		c.Channel = DefaultChannel
 	}
+	if c.TrimInterval == 0 {
+		c.TrimInterval = DefaultTrimInterval
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -142,6 +153,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
+	case c.StreamMaxLen < 0 || c.StreamRetention < 0 || c.TrimInterval < 0:
+		return fmt.Errorf("stream max length, retention and trim interval must not be negative")
 	case !channelPattern.MatchString(c.Channel):
 		return fmt.Errorf("channel %q: must match %s", c.Channel, channelPattern)
 	}

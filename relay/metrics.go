@@ -17,6 +17,7 @@ type Metrics struct {
 	released        prometheus.Counter
 	fenced          prometheus.Counter
 	reaped          prometheus.Counter
+	trimmed         prometheus.Counter
 	batchSize       prometheus.Histogram
 	batchDuration   prometheus.Histogram
 	publishDelay    prometheus.Histogram
@@ -38,6 +39,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_released_total", Help: "Claimed events given back without an attempt (Redis unavailable, shutdown)."}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_fenced_total", Help: "Events published after this relay's claim was taken over (lease expired)."}),
+		trimmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_trimmed_total", Help: "Stream entries trimmed (all read and acknowledged by every group)."}),
 		reaped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_reaped_total", Help: "Expired claims returned to pending by this relay's reaper."}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -58,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		pollsWithWork: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_polls_with_work_total", Help: "Fallback polls that found events: a non-zero rate means wake-ups are being missed."}),
 	}
-	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.batchSize, m.batchDuration,
+	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.trimmed, m.batchSize, m.batchDuration,
 		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork)
 	return m
 }

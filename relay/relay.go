@@ -64,6 +64,9 @@ type Relay struct {
 	wake      chan struct{}
 	stats     counters
 
+	streamsMu sync.Mutex
+	streams   map[string]bool // streams published to, for trimming
+
 	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
 }
 
@@ -160,6 +163,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listenLoop(ctx) })
 	wg.Go(func() { r.reapLoop(ctx) })
+	if t, ok := r.rdb.(Trimmer); ok && (r.cfg.StreamMaxLen > 0 || r.cfg.StreamRetention > 0) {
+		wg.Go(func() { r.trimLoop(ctx, t) })
+	}
 	r.drainLoop(ctx)
 	cancel()
 	wg.Wait()
@@ -329,6 +335,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	for i, m := range msgs {
 		switch {
 		case errs[i] == nil:
+			r.noteStream(streams[i])
 			okIDs = append(okIDs, m.ID)
 			streamIDs = append(streamIDs, ids[i])
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
