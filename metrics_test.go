@@ -4,9 +4,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -136,5 +140,57 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	}, "processed counter never reached 7")
 	if got := scrape(t, csrv.URL, "outbox_fraud_group_pending"); got != 0 {
 		t.Fatalf("group pending %v, want 0", got)
+	}
+}
+
+// descNames records the names of every metric registered with it.
+type descNames map[string]bool
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (d descNames) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for desc := range ch {
+		if m := fqName.FindStringSubmatch(desc.String()); m != nil {
+			d[m[1]] = true
+		}
+	}
+	return nil
+}
+func (d descNames) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = d.Register(c)
+	}
+}
+func (d descNames) Unregister(prometheus.Collector) bool { return false }
+
+// The dashboard and the alert rules in docs/ use exactly the metrics the
+// code exports: a renamed metric breaks this test, not a production alert.
+func TestDocsUseExistingMetrics(t *testing.T) {
+	names := descNames{}
+	relay.NewMetrics(names)
+	fraud.NewMetrics(names)
+	names.MustRegister(relay.NewOutboxCollector(nil), fraud.NewGroupCollector(nil, "s", "g"))
+	used := regexp.MustCompile(`\boutbox_[a-z_]+`)
+	for _, doc := range []string{"docs/grafana-dashboard.json", "docs/operations.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		for _, name := range used.FindAllString(string(b), -1) {
+			if strings.HasPrefix(name, "outbox_messages_") || name == "outbox_schema_migrations" {
+				continue // table and index names, not metrics
+			}
+			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")
+			if !names[base] && !names[name] {
+				t.Errorf("%s uses %s, which no code exports", doc, name)
+			}
+			found++
+		}
+		if found < 10 {
+			t.Errorf("%s: only %d metric references found", doc, found)
+		}
 	}
 }
