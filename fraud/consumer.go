@@ -190,7 +190,7 @@ func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
 	n := 0
 	for _, s := range res {
 		n += len(s.Messages)
-		if err := c.handle(ctx, s.Messages); err != nil {
+		if err := c.handle(ctx, s.Messages, false); err != nil {
 			return n, err
 		}
 	}
@@ -219,7 +219,7 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 			return nil
 		}
 		msgs := res[0].Messages
-		if err := c.handle(ctx, msgs); err != nil {
+		if err := c.handle(ctx, msgs, true); err != nil {
 			return err
 		}
 		// Continue after the last entry, so an entry that failed again is
@@ -248,7 +248,7 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 		total += len(msgs)
 		if len(msgs) > 0 {
 			c.log.Info("claimed idle entries", slog.Int("entries", len(msgs)))
-			if err := c.handle(ctx, msgs); err != nil {
+			if err := c.handle(ctx, msgs, true); err != nil {
 				return total, err
 			}
 		}
@@ -262,11 +262,12 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 
 // handle applies the effect of each entry and acknowledges the ones done.
 // Once entries are read it finishes even if ctx is cancelled.
-func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
+func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivered bool) error {
 	ctx = context.WithoutCancel(ctx)
 	started := time.Now()
 	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
 	failpoint.Inject("fraud.after-read")
+	attempt := c.deliveries(ctx, msgs, redelivered)
 
 	type item struct {
 		msg  redis.XMessage
@@ -343,7 +344,8 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 			ack = append(ack, it.msg.ID)
 			log := c.log.With(slog.String("event_id", it.ev.EventID.String()),
 				slog.String("event_type", "transfer.settled"),
-				slog.String("aggregate_id", it.ev.TransferID.String()))
+				slog.String("aggregate_id", it.ev.TransferID.String()),
+				slog.Int64("attempt", attempt(it.msg.ID)))
 			it.span.SetAttributes(attribute.String("fraud.outcome", outcomeNames[outcome]))
 			it.span.End()
 			c.cfg.Metrics.outcome(outcomeNames[outcome])
@@ -373,6 +375,26 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage) error {
 		c.invalid(ctx, m, badEr[i])
 	}
 	return transient
+}
+
+// deliveries returns each entry's delivery count, for logs. New entries are
+// on their first delivery; redelivered ones (own pending, claimed) are looked
+// up with one XPENDING call.
+func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, redelivered bool) func(id string) int64 {
+	if !redelivered || len(msgs) == 0 {
+		return func(string) int64 { return 1 }
+	}
+	counts := map[string]int64{}
+	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)),
+	}).Result()
+	if err == nil {
+		for _, p := range pend {
+			counts[p.ID] = p.RetryCount
+		}
+	}
+	return func(id string) int64 { return counts[id] }
 }
 
 // invalid handles an entry that can never be processed: it stays pending (it
