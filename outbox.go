@@ -94,12 +94,12 @@ type Written struct {
 // the event ids in the order of msgs. The rows become visible (and the relay is
 // notified) only when tx commits.
 //
-// Writers of one aggregate are serialized until commit (a transaction-scoped
-// advisory lock taken by the outbox_messages_order trigger), which is what
-// makes per-aggregate publication order equal commit order. Messages of one
-// call are inserted grouped by aggregate so that two calls never take those
-// locks in opposite orders; across calls, write aggregates in a consistent
-// order as you would lock rows.
+// Events of one aggregate are published in seq order, which is the order
+// they were inserted. Two transactions writing events for the same aggregate
+// concurrently must serialize themselves (as any transaction that changes the
+// aggregate's own row does, by locking it before writing the event); otherwise
+// the later insert may commit first and be published first. Messages of one
+// call are inserted grouped by aggregate.
 func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 	if len(msgs) == 0 {
 		return nil, nil

@@ -27,7 +27,7 @@ func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, `DROP TABLE outbox_messages, transfers, outbox_schema_migrations;
 		DROP SEQUENCE IF EXISTS outbox_messages_seq;
-		DROP FUNCTION outbox_messages_order(), outbox_messages_notify()`); err != nil {
+		DROP FUNCTION outbox_messages_notify()`); err != nil {
 		t.Fatal(err)
 	}
 
