@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Measures how outbox_messages and its indexes behave over a long run, with
-# and without batched cleanup of published rows: table and index size, dead
-# tuples, and the latency of the relay's claim query. Each round inserts
+# and without batched cleanup of published rows, and with and without a
+# VACUUM after each round (standing in for autovacuum, in case the server has
+# it off): table and index size, dead tuples, and the latency of the relay's
+# claim query. Each round inserts
 # ROWS events and lets a real relay publish them.
 #
 #   DATABASE_URL=postgres://... REDIS_URL=redis://... scripts/measure-retention.sh [ROUNDS] [ROWS]
@@ -20,13 +22,14 @@ prefix="measure-$$:"
 
 claim_sql="BEGIN; EXPLAIN (ANALYZE, FORMAT JSON) $(sed -e 's/\$1/500/' -e "s/\$2/gen_random_uuid()/" -e "s/\$3/'measure'/" sql/queries/relay_claim.sql | grep -v '^--'); ROLLBACK;"
 
-run() { # variant: keep | delete
-  local variant=$1 db="outbox_retention_$1"
-  psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+run() { # variant: keep | delete | keep+vacuum | delete+vacuum
+  local variant=$1 db="outbox_retention_${1/+/_}"
+  psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
   local url="$base/$db$query"
   DATABASE_URL=$url /tmp/outbox-measure migrate >/dev/null 2>&1
   DATABASE_URL=$url REDIS_URL=$REDIS_URL /tmp/outbox-measure relay --log-level error --stream-prefix "$prefix" &
   local relay=$!
+  trap "kill $relay 2>/dev/null || true" EXIT
   echo "| $variant | round | rows in table | table MB | indexes MB | dead tuples | claim ms (500 pending) | cleanup s |"
   echo "|---|---|---|---|---|---|---|---|"
   for r in $(seq 1 "$ROUNDS"); do
@@ -36,13 +39,16 @@ run() { # variant: keep | delete
     until [ "$(psql "$url" -Atc "SELECT count(*) FROM outbox_messages WHERE status <> 'published'")" = 0 ]; do sleep 0.5; done
     redis-cli -u "$REDIS_URL" DEL "${prefix}transfer" >/dev/null
     local took=0
-    if [ "$variant" = delete ]; then
+    if [[ $variant == delete* ]]; then
       local t0=$(date +%s.%N)
       psql "$url" -qc "DO \$\$ DECLARE n int; BEGIN LOOP
           DELETE FROM outbox_messages WHERE id IN (SELECT id FROM outbox_messages WHERE status = 'published'
             AND published_at < now() LIMIT 5000 FOR UPDATE SKIP LOCKED);
           GET DIAGNOSTICS n = ROW_COUNT; COMMIT; EXIT WHEN n < 5000; END LOOP; END \$\$" >/dev/null
       took=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))")
+    fi
+    if [[ $variant == *vacuum ]]; then
+      psql "$url" -qc "VACUUM outbox_messages" # what autovacuum does when it is on
     fi
     # Claim latency with 500 claimable rows, measured without publishing them.
     kill -STOP $relay
@@ -60,5 +66,4 @@ run() { # variant: keep | delete
   kill -TERM $relay; wait $relay 2>/dev/null || true
   psql "$DATABASE_URL" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
 }
-run keep
-run delete
+for v in ${VARIANTS:-keep delete keep+vacuum delete+vacuum}; do run "$v"; done
