@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -232,6 +233,16 @@ func runWithTimeout(cmd *exec.Cmd, d time.Duration) ([]byte, error) {
 		<-done
 		return buf.Bytes(), fmt.Errorf("still running after %s", d)
 	}
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 type syncBuffer struct {
@@ -859,8 +870,10 @@ func TestPoisonEntriesAreDeadLettered(t *testing.T) {
 // report contract holds; SIGTERM stops relay and consumer with exit code 0.
 func TestEndToEndWithCommands(t *testing.T) {
 	f := newFixture(t)
-	relayCmd := f.outboxCmd("", "relay", "--stream-prefix", f.streamPrefix(), "--poll", "1m")
-	fraudCmd := f.outboxCmd("", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1")
+	relayMetrics, fraudMetrics := freeAddr(t), freeAddr(t)
+	relayCmd := f.outboxCmd("", "relay", "--stream-prefix", f.streamPrefix(), "--poll", "1m", "--metrics-addr", relayMetrics)
+	fraudCmd := f.outboxCmd("", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1",
+		"--metrics-addr", fraudMetrics)
 	var relayOut, fraudOut syncBuffer
 	relayCmd.Stdout, relayCmd.Stderr = &relayOut, &relayOut
 	fraudCmd.Stdout, fraudCmd.Stderr = &fraudOut, &fraudOut
@@ -893,6 +906,16 @@ func TestEndToEndWithCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.checkEffectsOnce(teds)
+	if code, body := get(t, "http://"+relayMetrics+"/readyz"); code != 200 {
+		t.Fatalf("relay /readyz: %d %s", code, body)
+	}
+	if got := scrape(t, "http://"+relayMetrics, "outbox_relay_published_total"); got != 300 {
+		t.Fatalf("relay published_total %v, want 300", got)
+	}
+	if got := scrape(t, "http://"+fraudMetrics, "outbox_fraud_events_processed_total", "verdict", "approve") +
+		scrape(t, "http://"+fraudMetrics, "outbox_fraud_events_processed_total", "verdict", "review"); got != 300 {
+		t.Fatalf("fraud processed_total %v, want 300", got)
+	}
 
 	out, err = f.outboxCmd("", "fraud", "report", "--json", "--key-prefix", f.keyPrefix()).Output()
 	if err != nil {

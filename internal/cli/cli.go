@@ -45,9 +45,11 @@ func commands() []command {
 	return []command{
 		{"migrate", "apply the schema migrations (idempotent, safe to run concurrently)", runMigrate},
 		{"relay", "publish committed outbox events to Redis Streams", runRelay},
-		{"fraud", "run the anti-fraud consumer; 'fraud report' prints its totals", runFraud},
+		{"fraud", "run the anti-fraud consumer; 'fraud report' prints its totals, 'fraud dlq list|retry' its dead letters", runFraud},
 		{"settle", "settle random TEDs (a load generator)", runSettle},
 		{"status", "show the outbox, the stream and the consumer group at a glance", runStatus},
+		{"dead", "'dead list' shows dead events; 'dead retry <id>... | --all' requeues them", runDead},
+		{"cleanup", "delete published rows older than --older-than, in small batches", runCleanup},
 		{"demo", "walk through settled TEDs end to end", runDemo},
 	}
 }

@@ -12,7 +12,9 @@ import (
 
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/migrate"
+	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/relay"
 	outboxsql "github.com/tedbank/outbox/sql"
 	"github.com/tedbank/outbox/transfer"
@@ -69,6 +71,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
+	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
+	fs.DurationVar(&cfg.StreamRetention, "stream-retention", 0, "trim entries older than this, never what a consumer group still needs (0 = keep)")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -97,9 +102,26 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
+	stopTracing, err := tracing.Setup(ctx, "outbox-relay")
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx))
+	reg := metrics.NewRegistry()
+	if *metricsAddr != "" {
+		cfg.Metrics = relay.NewMetrics(reg)
+		reg.MustRegister(relay.NewOutboxCollector(pool))
+	}
 	r, err := relay.New(pool, rdb, cfg)
 	if err != nil {
 		return usageError{err.Error()}
+	}
+	if *metricsAddr != "" {
+		addr, err := metrics.Serve(ctx, *metricsAddr, reg, r.Ready, log)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics", "addr", addr)
 	}
 	return r.Run(ctx)
 }
@@ -116,6 +138,9 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if len(args) > 0 && args[0] == "report" {
 		return runFraudReport(ctx, e, args[1:])
 	}
+	if len(args) > 0 && args[0] == "dlq" {
+		return runFraudDLQ(ctx, e, args[1:])
+	}
 	var c common
 	var cfg fraud.Config
 	fs := fraudFlags(e, "fraud", &c, &cfg)
@@ -129,6 +154,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&cfg.AmountLimitCents, "amount-limit", fraud.DefaultAmountLimitCents, "review a TED above this amount (cents)")
 	fs.Int64Var(&cfg.WindowLimitCents, "window-limit", fraud.DefaultWindowLimitCents, "review when a sender's total over the window passes this (cents)")
 	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -153,9 +179,26 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
+	stopTracing, err := tracing.Setup(ctx, "outbox-fraud")
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx))
+	reg := metrics.NewRegistry()
+	if *metricsAddr != "" {
+		cfg.Metrics = fraud.NewMetrics(reg)
+		reg.MustRegister(fraud.NewGroupCollector(rdb, cfg.Stream, cfg.Group))
+	}
 	cons, err := fraud.New(rdb, cfg)
 	if err != nil {
 		return usageError{err.Error()}
+	}
+	if *metricsAddr != "" {
+		addr, err := metrics.Serve(ctx, *metricsAddr, reg, cons.Ready, log)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics", "addr", addr)
 	}
 	return cons.Run(ctx)
 }
@@ -199,12 +242,15 @@ type Status struct {
 	Published            int64   `json:"published"`
 	Dead                 int64   `json:"dead"`
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+	ListeningRelays      int64   `json:"listening_relays"`
 	Stream               string  `json:"stream"`
 	StreamLength         int64   `json:"stream_length"`
 	Group                string  `json:"group"`
 	GroupPending         int64   `json:"group_pending"`
 	GroupLag             int64   `json:"group_lag"`
 	GroupExists          bool    `json:"group_exists"`
+	DeadLetterStream     string  `json:"dead_letter_stream"`
+	DeadLettered         int64   `json:"dead_lettered"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
@@ -212,6 +258,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("status", &c)
 	stream := fs.String("stream", fraud.DefaultStream, "stream to report on")
 	group := fs.String("group", fraud.DefaultGroup, "consumer group to report on")
+	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix (for its dead-letter stream)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -232,30 +279,38 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	st, err := readStatus(ctx, pool, rdb, *stream, *group)
+	st, err := readStatus(ctx, pool, rdb, *stream, *group, fraud.Keys{Prefix: *keyPrefix}.DeadLetters())
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(st)
 	}
-	fmt.Fprintf(e.stdout, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs\n",
-		st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds)
+	fmt.Fprintf(e.stdout, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
+		st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
 	fmt.Fprintf(e.stdout, "stream   %s  length %d\n", st.Stream, st.StreamLength)
 	if st.GroupExists {
 		fmt.Fprintf(e.stdout, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
 	} else {
 		fmt.Fprintf(e.stdout, "group    %s  not created yet\n", st.Group)
 	}
+	fmt.Fprintf(e.stdout, "dlq      %s  entries %d\n", st.DeadLetterStream, st.DeadLettered)
 	return nil
 }
 
-func readStatus(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream, group string) (Status, error) {
-	st := Status{Stream: stream, Group: group}
+func readStatus(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream, group, dlq string) (Status, error) {
+	st := Status{Stream: stream, Group: group, DeadLetterStream: dlq}
 	err := pool.QueryRow(ctx, outboxsql.Query("status")).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
 		return st, fmt.Errorf("read outbox status: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
+		return st, fmt.Errorf("count listening relays: %w", err)
+	}
+	if st.DeadLettered, err = rdb.XLen(ctx, dlq).Result(); err != nil {
+		return st, fmt.Errorf("read dead-letter stream length: %w", err)
 	}
 	if st.StreamLength, err = rdb.XLen(ctx, stream).Result(); err != nil {
 		return st, fmt.Errorf("read stream length: %w", err)

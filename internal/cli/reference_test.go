@@ -24,7 +24,8 @@ func flagReference(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(refBegin + "\n")
-	cmds := [][]string{{"migrate"}, {"relay"}, {"fraud"}, {"fraud", "report"}, {"settle"}, {"status"}, {"demo"}}
+	cmds := [][]string{{"migrate"}, {"relay"}, {"fraud"}, {"fraud", "report"}, {"fraud", "dlq", "list"}, {"fraud", "dlq", "retry"},
+		{"settle"}, {"status"}, {"dead", "list"}, {"dead", "retry"}, {"cleanup"}, {"demo"}}
 	common := map[string]bool{"database-url": true, "redis-url": true, "log-format": true, "log-level": true}
 	first := true
 	for _, cmd := range cmds {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -59,6 +60,11 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
+	stopTracing, err := tracing.Setup(ctx, "outbox-settle")
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx))
 	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-settle", MaxConns: int32(*concurrency)})
 	if err != nil {
 		return err

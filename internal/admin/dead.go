@@ -1,0 +1,150 @@
+// Package admin holds the operators' tools behind the outbox command's admin
+// subcommands: listing and requeueing dead outbox rows, listing and replaying
+// the anti-fraud consumer's dead letters, and deleting old published rows.
+//
+// Every function takes the servers it works on and does one bounded job; the
+// command line (internal/cli) parses flags and prints.
+package admin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// DeadEvent is one dead outbox row, as 'outbox dead list --json' prints it.
+type DeadEvent struct {
+	EventID       uuid.UUID `json:"event_id"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	EventType     string    `json:"event_type"`
+	Attempts      int       `json:"attempts"`
+	LastError     string    `json:"last_error"` // "" when none was recorded
+	CreatedAt     time.Time `json:"created_at"`
+}
+
+// ListDead returns up to limit dead events, oldest (lowest seq) first, and the
+// number of dead events in all.
+func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []DeadEvent, total int64, err error) {
+	if limit <= 0 {
+		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
+	}
+	rows, err := pool.Query(ctx, outboxsql.Query("admin_dead_list"), int64(limit))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list dead events: %w", err)
+	}
+	defer rows.Close()
+	events = []DeadEvent{}
+	for rows.Next() {
+		var d DeadEvent
+		if err := rows.Scan(&d.EventID, &d.AggregateType, &d.AggregateID, &d.EventType,
+			&d.Attempts, &d.LastError, &d.CreatedAt, &total); err != nil {
+			return nil, 0, fmt.Errorf("list dead events: %w", err)
+		}
+		events = append(events, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("list dead events: %w", err)
+	}
+	return events, total, nil
+}
+
+// NotRequeued is an id RetryDead did not requeue, with the reason.
+type NotRequeued struct {
+	EventID uuid.UUID
+	Status  string // the row's status (pending, publishing, published), or "" if there is no such event
+}
+
+func (n NotRequeued) String() string {
+	if n.Status == "" {
+		return fmt.Sprintf("%s does not exist", n.EventID)
+	}
+	return fmt.Sprintf("%s is %s, not dead", n.EventID, n.Status)
+}
+
+// RetryResult says what RetryDead did.
+type RetryResult struct {
+	Requeued []uuid.UUID   // dead events now pending again
+	Skipped  []NotRequeued // ids that were not dead (or unknown), left alone
+}
+
+// RetryDead requeues the dead events among ids: status pending, attempts 0,
+// claimable now, last_error and the claim fields cleared. Rows in any other
+// status are never touched; they are reported in Skipped. Repeated ids count
+// once. It is one statement, so either all the dead ones are requeued or none.
+//
+// A dead event no longer holds back its aggregate, so newer events of the
+// same aggregate may have been published meanwhile: the requeued one then
+// reaches the stream after them, out of per-aggregate order.
+func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryResult, error) {
+	var res RetryResult
+	seen := make(map[uuid.UUID]bool, len(ids))
+	uniq := make([]uuid.UUID, 0, len(ids))
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			uniq = append(uniq, id)
+		}
+	}
+	if len(uniq) == 0 {
+		return res, nil
+	}
+	rows, err := pool.Query(ctx, outboxsql.Query("admin_dead_retry"), uniq)
+	if err != nil {
+		return res, fmt.Errorf("requeue dead events: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id       uuid.UUID
+			requeued bool
+			status   *string
+		)
+		if err := rows.Scan(&id, &requeued, &status); err != nil {
+			return RetryResult{}, fmt.Errorf("requeue dead events: %w", err)
+		}
+		switch {
+		case requeued:
+			res.Requeued = append(res.Requeued, id)
+		case status == nil:
+			res.Skipped = append(res.Skipped, NotRequeued{EventID: id})
+		default:
+			res.Skipped = append(res.Skipped, NotRequeued{EventID: id, Status: *status})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return RetryResult{}, fmt.Errorf("requeue dead events: %w", err)
+	}
+	return res, nil
+}
+
+// DefaultRetryBatch is how many dead rows RetryAllDead requeues per statement.
+const DefaultRetryBatch = 1000
+
+// RetryAllDead requeues every dead event, in seq order, batch rows per
+// statement (each its own short transaction), and returns how many it
+// requeued. A row that dies again while it runs is not requeued a second
+// time, so it always ends. On error, the count is what earlier batches
+// requeued (they stay requeued).
+func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = DefaultRetryBatch
+	}
+	q := outboxsql.Query("admin_dead_retry_all")
+	var total, after int64
+	for {
+		var n int64
+		if err := pool.QueryRow(ctx, q, after, int64(batch)).Scan(&n, &after); err != nil {
+			return total, fmt.Errorf("requeue dead events (after %d requeued): %w", total, err)
+		}
+		total += n
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
+}

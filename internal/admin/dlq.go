@@ -1,0 +1,214 @@
+package admin
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+)
+
+var (
+	//go:embed dlq_retry.lua
+	dlqRetrySrc    string
+	dlqRetryScript = redis.NewScript(dlqRetrySrc)
+)
+
+// DeadLetter is one entry of the anti-fraud consumer's dead-letter stream
+// (<key prefix>dlq), as 'outbox fraud dlq list --json' prints it.
+type DeadLetter struct {
+	// ID is the entry's id in the dead-letter stream: what 'fraud dlq retry' takes.
+	ID          string `json:"id"`
+	EventID     string `json:"event_id"`     // the original entry's event_id ("" if it had none)
+	EventType   string `json:"event_type"`   // the original entry's event_type
+	AggregateID string `json:"aggregate_id"` // the original entry's aggregate_id
+	// The dlq_* fields fraud/deadletter.lua appends.
+	Stream     string `json:"dlq_stream"`     // the source stream
+	Group      string `json:"dlq_group"`      // the consumer group that gave up
+	EntryID    string `json:"dlq_entry_id"`   // the entry's id in the source stream
+	Reason     string `json:"dlq_reason"`     // why it could not be processed
+	Deliveries int64  `json:"dlq_deliveries"` // how often it was delivered
+	Consumer   string `json:"dlq_consumer"`   // the consumer that moved it
+	// Fields are the original fields (every field but the dlq_* ones): what
+	// a retry re-adds to the source stream.
+	Fields map[string]string `json:"fields"`
+}
+
+func deadLetter(m redis.XMessage) DeadLetter {
+	d := DeadLetter{ID: m.ID, Fields: map[string]string{}}
+	for k, v := range m.Values {
+		s, _ := v.(string)
+		switch k {
+		case "dlq_stream":
+			d.Stream = s
+		case "dlq_group":
+			d.Group = s
+		case "dlq_entry_id":
+			d.EntryID = s
+		case "dlq_reason":
+			d.Reason = s
+		case "dlq_deliveries":
+			d.Deliveries, _ = strconv.ParseInt(s, 10, 64)
+		case "dlq_consumer":
+			d.Consumer = s
+		default:
+			if !strings.HasPrefix(k, "dlq_") {
+				d.Fields[k] = s
+			}
+		}
+	}
+	d.EventID, d.EventType, d.AggregateID = d.Fields["event_id"], d.Fields["event_type"], d.Fields["aggregate_id"]
+	return d
+}
+
+// DeadLetterStream is the dead-letter stream of the consumers writing under keyPrefix.
+func DeadLetterStream(keyPrefix string) string { return fraud.Keys{Prefix: keyPrefix}.DeadLetters() }
+
+// ListDeadLetters returns up to count dead letters of the consumers writing
+// under keyPrefix, oldest first, and the length of the dead-letter stream.
+func ListDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix string, count int) (letters []DeadLetter, total int64, err error) {
+	if count <= 0 {
+		return nil, 0, fmt.Errorf("list dead letters: count %d must be positive", count)
+	}
+	dlq := DeadLetterStream(keyPrefix)
+	msgs, err := rdb.XRangeN(ctx, dlq, "-", "+", int64(count)).Result()
+	if err != nil {
+		return nil, 0, fmt.Errorf("list dead letters in %s: %w", dlq, err)
+	}
+	if total, err = rdb.XLen(ctx, dlq).Result(); err != nil {
+		return nil, 0, fmt.Errorf("list dead letters in %s: %w", dlq, err)
+	}
+	letters = make([]DeadLetter, len(msgs))
+	for i, m := range msgs {
+		letters[i] = deadLetter(m)
+	}
+	return letters, total, nil
+}
+
+var streamIDPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
+
+// ValidEntryID reports whether id is a complete stream entry id (ms-seq).
+func ValidEntryID(id string) bool { return streamIDPattern.MatchString(id) }
+
+// Retried is a dead letter put back on its source stream.
+type Retried struct {
+	ID     string // its id in the dead-letter stream (now deleted)
+	Stream string // the stream it was re-added to
+	NewID  string // its new id there
+}
+
+// DLQFailure is a dead letter that could not be retried; it stays in the
+// dead-letter stream.
+type DLQFailure struct {
+	ID  string
+	Err error
+}
+
+// DLQRetryResult says what RetryDeadLetters or RetryAllDeadLetters did.
+type DLQRetryResult struct {
+	Retried []Retried
+	Missing []string     // ids not in the dead-letter stream (unknown, or already retried)
+	Failed  []DLQFailure // dead letters Redis refused to move (e.g. no original fields)
+}
+
+// RetryDeadLetters puts the given dead letters back on their source stream:
+// for each, one Lua script re-adds its original fields (not the dlq_* ones)
+// under a new id to the stream named by its dlq_stream field (fallbackStream
+// if it has none) and deletes it from the dead-letter stream, atomically. The
+// consumer group then reads it as a new entry; its dedupe on event_id makes a
+// replay of an event already applied harmless. Repeated ids count once.
+//
+// An id that is not in the dead-letter stream is reported in Missing; one
+// that Redis refuses to move, in Failed. It returns an error, and the result
+// so far, when Redis fails otherwise.
+func RetryDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix string, ids []string, fallbackStream string) (DLQRetryResult, error) {
+	var res DLQRetryResult
+	if fallbackStream == "" {
+		return res, errors.New("retry dead letters: no fallback stream")
+	}
+	dlq := DeadLetterStream(keyPrefix)
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		if !ValidEntryID(id) {
+			return res, fmt.Errorf("retry dead letters: %q is not a stream entry id (ms-seq)", id)
+		}
+		msgs, err := rdb.XRange(ctx, dlq, id, id).Result()
+		if err != nil {
+			return res, fmt.Errorf("retry dead letter %s: read %s: %w", id, dlq, err)
+		}
+		if len(msgs) == 0 {
+			res.Missing = append(res.Missing, id)
+			continue
+		}
+		if err := retryOne(ctx, rdb, dlq, msgs[0], fallbackStream, &res); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// RetryAllDeadLetters retries, as RetryDeadLetters does, every entry the
+// dead-letter stream holds when it starts (entries dead-lettered while it runs,
+// including retried ones that fail again, are left for the next run).
+func RetryAllDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix, fallbackStream string) (DLQRetryResult, error) {
+	var res DLQRetryResult
+	if fallbackStream == "" {
+		return res, errors.New("retry dead letters: no fallback stream")
+	}
+	dlq := DeadLetterStream(keyPrefix)
+	last, err := rdb.XRevRangeN(ctx, dlq, "+", "-", 1).Result()
+	if err != nil {
+		return res, fmt.Errorf("retry dead letters: read %s: %w", dlq, err)
+	}
+	if len(last) == 0 {
+		return res, nil
+	}
+	const page = 100
+	start := "-"
+	for {
+		msgs, err := rdb.XRangeN(ctx, dlq, start, last[0].ID, page).Result()
+		if err != nil {
+			return res, fmt.Errorf("retry dead letters: read %s: %w", dlq, err)
+		}
+		for _, m := range msgs {
+			if err := retryOne(ctx, rdb, dlq, m, fallbackStream, &res); err != nil {
+				return res, err
+			}
+		}
+		if len(msgs) < page {
+			return res, nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+}
+
+func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessage, fallbackStream string, res *DLQRetryResult) error {
+	source := fallbackStream
+	if s, ok := m.Values["dlq_stream"].(string); ok {
+		source = s
+	}
+	newID, err := dlqRetryScript.Run(ctx, rdb, []string{dlq, source}, m.ID, fallbackStream).Text()
+	var rerr redis.Error
+	switch {
+	case errors.Is(err, redis.Nil):
+		// Retried or deleted by someone else since we read it.
+		res.Missing = append(res.Missing, m.ID)
+	case errors.As(err, &rerr):
+		res.Failed = append(res.Failed, DLQFailure{ID: m.ID, Err: err})
+	case err != nil:
+		return fmt.Errorf("retry dead letter %s: %w", m.ID, err)
+	default:
+		res.Retried = append(res.Retried, Retried{ID: m.ID, Stream: source, NewID: newID})
+	}
+	return nil
+}

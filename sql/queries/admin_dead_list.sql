@@ -1,0 +1,9 @@
+-- Dead events, oldest first, at most $1 of them, each with the number of dead
+-- rows in all (the window count is taken before LIMIT).
+SELECT id, aggregate_type, aggregate_id, event_type, attempts,
+       coalesce(last_error, '') AS last_error, created_at,
+       count(*) OVER () AS total
+  FROM outbox_messages
+ WHERE status = 'dead'
+ ORDER BY seq
+ LIMIT $1::bigint

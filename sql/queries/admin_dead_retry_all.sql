@@ -1,0 +1,28 @@
+-- Requeue one batch of dead events: at most $2 of them, in seq order after
+-- seq $1 (the caller passes the last seq of the previous batch, so a row that
+-- dies again while the batches run is not requeued twice). Same reset as
+-- admin_dead_retry. Returns how many were requeued and the last seq seen.
+-- MATERIALIZED: the locking subquery runs once, so LIMIT holds.
+WITH picked AS MATERIALIZED (
+    SELECT id
+      FROM outbox_messages
+     WHERE status = 'dead'
+       AND seq > $1::bigint
+     ORDER BY seq
+     LIMIT $2::bigint
+       FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE outbox_messages o
+       SET status = 'pending',
+           attempts = 0,
+           next_attempt_at = now(),
+           last_error = NULL,
+           claimed_at = NULL,
+           claimed_by = NULL,
+           claim_token = NULL
+      FROM picked
+     WHERE o.id = picked.id
+       AND o.status = 'dead'
+    RETURNING o.seq
+)
+SELECT count(*), coalesce(max(seq), $1::bigint) FROM requeued
