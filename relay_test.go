@@ -1166,3 +1166,32 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 		t.Fatalf("stream length %d after catching up, want the cap of 10", n)
 	}
 }
+
+// A stream nobody has created a group on yet is not trimmed: its consumers
+// may simply not have started.
+func TestTrimmingLeavesStreamsWithoutGroups(t *testing.T) {
+	f := newFixture(t)
+	f.settle(30)
+	cfg := f.relayConfig("r1")
+	cfg.StreamMaxLen = 5
+	r := f.newRelay(cfg, nil)
+	if _, err := r.DrainBatch(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream()); err != nil || n != 0 {
+		t.Fatalf("trimmed %d (err %v) from a stream with no consumer group", n, err)
+	}
+}
+
+// A running relay trims the streams it publishes to on its own.
+func TestRelayTrimsWhileRunning(t *testing.T) {
+	f := newFixture(t)
+	f.run(f.consumer("c1", nil).Run) // keeps up, so everything is acknowledged
+	cfg := f.relayConfig("r1")
+	cfg.StreamMaxLen, cfg.TrimInterval = 10, 50*time.Millisecond
+	f.run(f.newRelay(cfg, nil).Run)
+	f.settle(40)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 40 }, "events not processed")
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.rdb.XLen(f.ctx, f.stream()).Val() == 10 },
+		"the running relay never trimmed the stream to 10 entries")
+}

@@ -100,19 +100,3 @@ func TestPipelineDown(t *testing.T) {
 		t.Fatal("errBrokerDown text")
 	}
 }
-
-func TestCompareStreamIDs(t *testing.T) {
-	for _, c := range []struct {
-		a, b string
-		want int
-	}{
-		{"1-0", "1-0", 0}, {"1-1", "1-2", -1}, {"2-0", "10-0", -1}, {"10-0", "9-99", 1}, {"", "5-0", 1}, {"5-0", "", -1},
-	} {
-		if got := compareIDs(c.a, c.b); got != c.want {
-			t.Errorf("compareIDs(%q, %q) = %d, want %d", c.a, c.b, got, c.want)
-		}
-	}
-	if minID("3-0", "2-5") != "2-5" || maxID("", "2-5") != "2-5" || maxID("3-0", "2-5") != "3-0" {
-		t.Fatal("minID/maxID")
-	}
-}

@@ -365,10 +365,6 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
-	if r.cfg.OnPublish != nil && len(okIDs) > 0 {
-		r.cfg.OnPublish(okIDs)
-	}
-
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
 	ctx, cancel = context.WithTimeout(ctx, markTimeout)
