@@ -1195,3 +1195,25 @@ func TestRelayTrimsWhileRunning(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.rdb.XLen(f.ctx, f.stream()).Val() == 10 },
 		"the running relay never trimmed the stream to 10 entries")
 }
+
+// Retention-based trimming respects lagging groups too.
+func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
+	f := newFixture(t)
+	if err := f.consumer("c1", nil).EnsureGroup(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.settle(20)
+	cfg := f.relayConfig("r1")
+	cfg.StreamRetention = time.Millisecond // everything is "old"
+	r := f.newRelay(cfg, nil)
+	if _, err := r.DrainBatch(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.consumer("c1", func(c *fraud.Config) { c.BatchSize = 5 }).ReadNew(f.ctx); err != nil || n != 5 {
+		t.Fatalf("processed %d (err %v)", n, err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if n, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream()); err != nil || n != 5 {
+		t.Fatalf("trimmed %d (err %v), want only the 5 acknowledged entries", n, err)
+	}
+}
