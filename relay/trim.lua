@@ -32,9 +32,14 @@ for _, g in ipairs(groups) do
     if g[i] == 'name' then name = g[i + 1] end
     if g[i] == 'last-delivered-id' then last = g[i + 1] end
   end
-  floor = lower(floor, last)
   local pending = redis.call('XPENDING', KEYS[1], name)
-  if pending[1] > 0 then floor = lower(floor, pending[2]) end
+  if pending[1] > 0 then
+    floor = lower(floor, pending[2]) -- its oldest unacknowledged entry
+  else
+    -- Everything up to last-delivered-id is read and acknowledged.
+    local ms, seq = string.match(last, '^(%d+)-(%d+)$')
+    floor = lower(floor, ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+  end
 end
 
 local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1]
