@@ -127,21 +127,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream))
 	needPending := true
+	var pendingFailures int
+	var retryPendingAt time.Time
 	lastClaim := time.Now()
 	failures := 0
 	for ctx.Err() == nil {
-		if needPending {
+		if needPending && !time.Now().Before(retryPendingAt) {
 			// Entries of ours that failed transiently are still pending:
-			// retry them before reading new ones.
+			// retry them, with backoff, but never instead of reading new
+			// ones: one entry that keeps failing must not stop the rest.
 			if err := c.ProcessPending(ctx); err != nil {
+				pendingFailures++
+				retryPendingAt = time.Now().Add(retryDelay(pendingFailures))
 				if ctx.Err() == nil {
-					failures++
 					c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
-					retry.Sleep(ctx, retryDelay(failures))
 				}
-				continue
+			} else {
+				needPending, pendingFailures = false, 0
 			}
-			needPending = false
 		}
 		if time.Since(lastClaim) >= c.cfg.ClaimInterval {
 			if _, err := c.ClaimIdle(ctx); err != nil && ctx.Err() == nil {
@@ -319,6 +322,10 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 			// First use, or Redis restarted: load the script and run again.
 			// Entries that did run were applied and are now duplicates.
 			if lerr := effectScript.Load(ctx, c.rdb).Err(); lerr != nil {
+				for _, it := range valid {
+					it.span.RecordError(lerr)
+					it.span.End()
+				}
 				return fmt.Errorf("load effect script: %w", lerr)
 			}
 			_ = run(valid) // per-entry errors are checked below

@@ -58,9 +58,9 @@ func (m *Metrics) observeBatch(d time.Duration) {
 // GroupCollector exports a consumer group's pending count and lag, read with
 // XINFO GROUPS at scrape time.
 type GroupCollector struct {
-	rdb           redis.Cmdable
-	stream, group string
-	pending, lag  *prometheus.Desc
+	rdb              redis.Cmdable
+	stream, group    string
+	pending, lag, up *prometheus.Desc
 }
 
 // NewGroupCollector returns a collector for group on stream.
@@ -70,6 +70,7 @@ func NewGroupCollector(rdb redis.Cmdable, stream, group string) *GroupCollector 
 		rdb: rdb, stream: stream, group: group,
 		pending: prometheus.NewDesc("outbox_fraud_group_pending", "Entries delivered to the group and not yet acknowledged.", nil, labels),
 		lag:     prometheus.NewDesc("outbox_fraud_group_lag", "Entries in the stream not yet delivered to the group.", nil, labels),
+		up:      prometheus.NewDesc("outbox_fraud_redis_up", "1 if the last scrape could read the consumer group from Redis.", nil, labels),
 	}
 }
 
@@ -77,6 +78,7 @@ func NewGroupCollector(rdb redis.Cmdable, stream, group string) *GroupCollector 
 func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.pending
 	ch <- c.lag
+	ch <- c.up
 }
 
 // Collect implements prometheus.Collector.
@@ -84,13 +86,17 @@ func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	groups, err := c.rdb.XInfoGroups(ctx, c.stream).Result()
-	if err != nil {
+	if err != nil && !redis.HasErrorPrefix(err, "no such key") {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	for _, g := range groups {
 		if g.Name == c.group {
 			ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(g.Pending))
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(g.Lag))
+			if g.Lag >= 0 { // -1: Redis cannot tell (entries deleted)
+				ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(g.Lag))
+			}
 		}
 	}
 }

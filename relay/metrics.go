@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,6 +13,9 @@ import (
 
 // Metrics are the relay's Prometheus metrics. A nil *Metrics records nothing.
 type Metrics struct {
+	mu         sync.Mutex
+	eventTypes map[string]bool // label values in use
+
 	published       prometheus.Counter
 	publishFailures *prometheus.CounterVec
 	released        prometheus.Counter
@@ -30,6 +34,7 @@ type Metrics struct {
 // NewMetrics creates the relay metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		eventTypes: map[string]bool{},
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_published_total", Help: "Events published to Redis and marked published."}),
 		publishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -77,10 +82,24 @@ func (m *Metrics) batch(res BatchResult, took time.Duration) {
 	m.fenced.Add(float64(res.Fenced))
 }
 
+// maxEventTypeLabels bounds the event_type label: the generic write API
+// accepts any event type, so past this many the rest count as "other".
+const maxEventTypeLabels = 100
+
 func (m *Metrics) failure(eventType string) {
-	if m != nil {
-		m.publishFailures.WithLabelValues(eventType).Inc()
+	if m == nil {
+		return
 	}
+	m.mu.Lock()
+	if !m.eventTypes[eventType] {
+		if len(m.eventTypes) >= maxEventTypeLabels {
+			eventType = "other"
+		} else {
+			m.eventTypes[eventType] = true
+		}
+	}
+	m.mu.Unlock()
+	m.publishFailures.WithLabelValues(eventType).Inc()
 }
 
 func (m *Metrics) delay(d time.Duration) {
