@@ -84,6 +84,15 @@ func (f *fixture) newRelay(cfg relay.Config, rdb relay.Pipeliner) *relay.Relay {
 	return r
 }
 
+func (f *fixture) newRelayWithPool(pool *pgxpool.Pool, cfg relay.Config) *relay.Relay {
+	f.t.Helper()
+	r, err := relay.New(pool, f.rdb.Client, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return r
+}
+
 // run runs fn in the background until the test ends or stop is called.
 func (f *fixture) run(fn func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(f.ctx)

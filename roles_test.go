@@ -1,0 +1,95 @@
+package outbox_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// asRole returns a pool to the fixture's database logged in as a fresh login
+// role that is a member of role (roles are cluster-wide: unique names,
+// dropped after the test).
+func (f *fixture) asRole(role string) *pgxpool.Pool {
+	f.t.Helper()
+	login := "t_" + strings.ReplaceAll(uuid.NewString()[:12], "-", "")
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'pw' IN ROLE "+role); err != nil {
+		f.t.Fatal(err)
+	}
+	u, err := url.Parse(f.dbURL)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	u.User = url.UserPassword(login, "pw")
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		pool.Close()
+		_, _ = f.pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+login)
+	})
+	return pool
+}
+
+// The relay and settle work under the least-privilege roles of
+// sql/roles.sql, and each role is refused what it must not do.
+func TestLeastPrivilegeRoles(t *testing.T) {
+	f := newFixture(t)
+	roles, err := os.ReadFile("sql/roles.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(f.ctx, string(roles)); err != nil {
+		t.Fatalf("sql/roles.sql: %v", err)
+	}
+	writer, relayPool := f.asRole("outbox_writer"), f.asRole("outbox_relay")
+
+	teds := make([]transfer.Transfer, 5)
+	for i := range teds {
+		teds[i] = transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: int64(i + 1)}
+		if _, err := transfer.Settle(f.ctx, writer, teds[i]); err != nil {
+			t.Fatalf("settle as outbox_writer: %v", err)
+		}
+	}
+	if res, err := transfer.Settle(f.ctx, writer, teds[0]); err != nil || !res.AlreadySettled {
+		t.Fatalf("idempotent settle as outbox_writer: %+v %v", res, err)
+	}
+
+	cfg := f.relayConfig("r1")
+	cfg.ListenConfig = relayPool.Config().ConnConfig.Copy()
+	r := f.newRelayWithPool(relayPool, cfg)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
+	}, "relay under outbox_relay did not publish")
+	if n, err := r.Reap(f.ctx); err != nil || n != 0 {
+		t.Fatalf("reap as outbox_relay: %d %v", n, err)
+	}
+
+	for _, c := range []struct {
+		who  string
+		pool *pgxpool.Pool
+		sql  string
+	}{
+		{"writer", writer, "UPDATE outbox_messages SET status = 'published'"},
+		{"writer", writer, "DELETE FROM outbox_messages"},
+		{"writer", writer, "DELETE FROM transfers"},
+		{"relay", relayPool, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'y', 'z', '{}')"},
+		{"relay", relayPool, "DELETE FROM outbox_messages"},
+		{"relay", relayPool, "SELECT count(*) FROM transfers"},
+	} {
+		if _, err := c.pool.Exec(f.ctx, c.sql); err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("%s ran %q: err %v, want permission denied", c.who, c.sql, err)
+		}
+	}
+}

@@ -1,0 +1,33 @@
+-- Least-privilege roles for the outbox. Run once per database as its owner,
+-- after `outbox migrate`, then give each role LOGIN and a password (or map
+-- your own login roles into them with GRANT outbox_writer TO app_user):
+--
+--   psql "$DATABASE_URL" -f sql/roles.sql
+--   ALTER ROLE outbox_writer LOGIN PASSWORD '...';   -- or GRANT ... TO your roles
+--
+-- outbox_writer: the business service. Inserts transfers and outbox rows
+--   (and reads transfers back, to recognise a retried settlement). It cannot
+--   change or delete an outbox row once written.
+-- outbox_relay:  the relay. Reads and updates outbox rows; cannot insert,
+--   delete, or touch transfers.
+-- outbox_admin:  operators' commands (dead retry, cleanup): the relay's
+--   rights plus DELETE.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_writer') THEN CREATE ROLE outbox_writer; END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay')  THEN CREATE ROLE outbox_relay;  END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_admin')  THEN CREATE ROLE outbox_admin;  END IF;
+END
+$$;
+
+GRANT USAGE ON SCHEMA public TO outbox_writer, outbox_relay, outbox_admin;
+
+GRANT SELECT, INSERT ON transfers TO outbox_writer;
+GRANT INSERT ON outbox_messages TO outbox_writer;
+GRANT SELECT (id, seq) ON outbox_messages TO outbox_writer; -- INSERT ... RETURNING id, seq
+GRANT USAGE ON SEQUENCE outbox_messages_seq TO outbox_writer;
+
+GRANT SELECT, UPDATE ON outbox_messages TO outbox_relay;
+
+GRANT outbox_relay TO outbox_admin;
+GRANT DELETE ON outbox_messages TO outbox_admin;
