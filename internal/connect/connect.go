@@ -6,12 +6,14 @@ package connect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
@@ -46,6 +48,17 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			switch pgErr.Code {
+			case "3D000": // invalid_catalog_name
+				return nil, fmt.Errorf("PostgreSQL at %s: database %q does not exist (create it, or fix DATABASE_URL or --database-url)",
+					Redact(rawURL), cfg.ConnConfig.Database)
+			case "28P01", "28000": // invalid_password, invalid_authorization_specification
+				return nil, fmt.Errorf("PostgreSQL at %s refused the login of %q: %s (check the user and password in DATABASE_URL)",
+					Redact(rawURL), cfg.ConnConfig.User, redactErr(err, rawURL))
+			}
+		}
 		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s (is it running? set DATABASE_URL or --database-url)",
 			Redact(rawURL), redactErr(err, rawURL))
 	}
