@@ -102,6 +102,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
+	for _, w := range relay.CheckRedisDurability(ctx, rdb) {
+		log.Warn(w)
+	}
 	stopTracing, err := tracing.Setup(ctx, "outbox-relay")
 	if err != nil {
 		return err
