@@ -285,10 +285,11 @@ func (d *demo) oneByOne(ctx context.Context) error {
 		transfer.Transfer
 		want string
 	}{
-		{transfer.Transfer{FromAccount: "ana", ToAccount: "bruno", AmountCents: 1_250_00}, "approve"},
+		{transfer.Transfer{FromAccount: "ana", ToAccount: "bruno", AmountCents: 12_500_00}, "approve"},
 		{transfer.Transfer{FromAccount: "carla", ToAccount: "davi", AmountCents: 4_990_00}, "approve"},
 		{transfer.Transfer{FromAccount: "ana", ToAccount: "edu", AmountCents: 45_000_00}, "approve"},
-		{transfer.Transfer{FromAccount: "ana", ToAccount: "fabi", AmountCents: 60_000_00}, "review"}, // ana: R$ 106.250,00 in the hour
+		// Below the R$ 50.000 single-TED limit, but ana's hour reaches R$ 106.500: the velocity rule.
+		{transfer.Transfer{FromAccount: "ana", ToAccount: "fabi", AmountCents: 49_000_00}, "review"},
 		{transfer.Transfer{FromAccount: "gil", ToAccount: "ana", AmountCents: 32_10}, "approve"},
 	}
 	for _, ted := range teds {

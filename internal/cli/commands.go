@@ -209,7 +209,8 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 func runFraudReport(ctx context.Context, e *env, args []string) error {
 	var c common
 	var cfg fraud.Config
-	fs := fraudFlags(e, "fraud report", &c, &cfg)
+	fs := e.flags("fraud report", &c)
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", fraud.DefaultKeyPrefix, "prefix of every key the consumer writes")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := e.parse(fs, args); err != nil {
 		return err
