@@ -75,51 +75,26 @@ func LocalPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
 		socketDir = ""
 	}
 
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		args := []string{
-			"-D", data,
-			"-p", strconv.Itoa(port),
-			"-k", socketDir,
-			"-c", "listen_addresses=127.0.0.1",
-			"-c", "fsync=off",
-			"-c", "synchronous_commit=off",
-			"-c", "full_page_writes=off",
-			"-c", "max_connections=300",
-		}
-		args = append(args, opt.ExtraArgs...)
-		u := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-
-		opt.logf("testenv: starting local postgres", "port", port, "dir", dir)
-		p, err := startProcess(filepath.Join(bin, "postgres"), args, dir, filepath.Join(dir, "postgres.log"), owner)
-		if err != nil {
-			return nil, err
-		}
-		err = waitReady(ctx, p.done, func(ctx context.Context) error { return pingPostgres(ctx, u) })
-		if err == nil {
-			opt.logf("testenv: local postgres ready", "url", u)
-			return &Server{
-				URL:    u,
-				Source: sourceLocal,
-				dir:    dir,
-				stop: func() error {
-					p.stop(syscall.SIGINT) // fast shutdown
-					return removeDir(dir)
-				},
-			}, nil
-		}
-		exited := p.exited()
-		p.stop(syscall.SIGKILL)
-		log := p.logTail()
-		if attempt < portAttempts && exited && strings.Contains(log, "already in use") {
-			opt.logf("testenv: port taken, retrying", "port", port)
-			continue
-		}
-		return nil, fmt.Errorf("postgres on port %d: %w\n%s", port, err, log)
-	}
+	return startOnFreePort(ctx, opt, server{
+		name: "postgres", bin: filepath.Join(bin, "postgres"), dir: dir, logFile: "postgres.log", owner: owner,
+		stopSignal: syscall.SIGINT, // fast shutdown
+		args: func(port int) []string {
+			return append([]string{
+				"-D", data,
+				"-p", strconv.Itoa(port),
+				"-k", socketDir,
+				"-c", "listen_addresses=127.0.0.1",
+				"-c", "fsync=off",
+				"-c", "synchronous_commit=off",
+				"-c", "full_page_writes=off",
+				"-c", "max_connections=300",
+			}, opt.ExtraArgs...)
+		},
+		url: func(port int) string {
+			return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+		},
+		ping: pingPostgres,
+	})
 }
 
 // LocalRedis starts a fresh redis-server (from PATH, /usr/bin or
@@ -141,35 +116,57 @@ func LocalRedis(ctx context.Context, opt Options) (_ *Server, err error) {
 		}
 	}()
 
+	return startOnFreePort(ctx, opt, server{
+		name: "redis-server", bin: bin, dir: dir, logFile: "redis.log",
+		stopSignal: syscall.SIGTERM,
+		args: func(port int) []string {
+			return append([]string{
+				"--port", strconv.Itoa(port),
+				"--bind", "127.0.0.1",
+				"--save", "",
+				"--appendonly", "no",
+				"--dir", dir,
+			}, opt.ExtraArgs...)
+		},
+		url:  func(port int) string { return fmt.Sprintf("redis://127.0.0.1:%d/0", port) },
+		ping: pingRedis,
+	})
+}
+
+// server describes how to start one kind of local server.
+type server struct {
+	name, bin, dir, logFile string
+	owner                   *account // nil: the current user
+	stopSignal              syscall.Signal
+	args                    func(port int) []string
+	url                     func(port int) string
+	ping                    func(ctx context.Context, url string) error
+}
+
+// startOnFreePort starts srv on a free port and waits until it answers. If
+// the port was taken between choosing and binding it, it tries another.
+func startOnFreePort(ctx context.Context, opt Options, srv server) (*Server, error) {
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		args := []string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--save", "",
-			"--appendonly", "no",
-			"--dir", dir,
-		}
-		args = append(args, opt.ExtraArgs...)
-		u := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
-
-		opt.logf("testenv: starting local redis", "bin", bin, "port", port, "dir", dir)
-		p, err := startProcess(bin, args, dir, filepath.Join(dir, "redis.log"), nil)
+		u := srv.url(port)
+		opt.logf("testenv: starting local "+srv.name, "bin", srv.bin, "port", port, "dir", srv.dir)
+		p, err := startProcess(srv.bin, srv.args(port), srv.dir, filepath.Join(srv.dir, srv.logFile), srv.owner)
 		if err != nil {
 			return nil, err
 		}
-		err = waitReady(ctx, p.done, func(ctx context.Context) error { return pingRedis(ctx, u) })
+		err = waitReady(ctx, p.done, func(ctx context.Context) error { return srv.ping(ctx, u) })
 		if err == nil {
-			opt.logf("testenv: local redis ready", "url", u)
+			opt.logf("testenv: local "+srv.name+" ready", "url", u)
+			dir := srv.dir
 			return &Server{
 				URL:    u,
 				Source: sourceLocal,
 				dir:    dir,
 				stop: func() error {
-					p.stop(syscall.SIGTERM)
+					p.stop(srv.stopSignal)
 					return removeDir(dir)
 				},
 			}, nil
@@ -181,7 +178,7 @@ func LocalRedis(ctx context.Context, opt Options) (_ *Server, err error) {
 			opt.logf("testenv: port taken, retrying", "port", port)
 			continue
 		}
-		return nil, fmt.Errorf("redis-server on port %d: %w\n%s", port, err, log)
+		return nil, fmt.Errorf("%s on port %d: %w\n%s", srv.name, port, err, log)
 	}
 }
 
