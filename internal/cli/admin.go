@@ -163,11 +163,7 @@ func runDeadList(ctx context.Context, e *env, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if int64(len(events)) < total {
-		fmt.Fprintf(e.stdout, "%d of %d dead events shown (--limit)\n", len(events), total)
-	} else {
-		fmt.Fprintf(e.stdout, "%d dead %s\n", total, plural(total, "event", "events"))
-	}
+	listFooter(e.stdout, len(events), total, "event", "--limit")
 	return nil
 }
 
@@ -297,11 +293,7 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if int64(len(letters)) < total {
-		fmt.Fprintf(e.stdout, "%d of %d dead letters shown (--count)\n", len(letters), total)
-	} else {
-		fmt.Fprintf(e.stdout, "%d dead %s\n", total, plural(total, "letter", "letters"))
-	}
+	listFooter(e.stdout, len(letters), total, "letter", "--count")
 	return nil
 }
 
@@ -493,4 +485,13 @@ func list(items []string, most int) string {
 		return strings.Join(items, ", ")
 	}
 	return strings.Join(items[:most], ", ") + fmt.Sprintf(" and %d more", len(items)-most)
+}
+
+// listFooter ends a listing: how many of how many dead things were shown.
+func listFooter(w io.Writer, shown int, total int64, noun, limitFlag string) {
+	if int64(shown) < total {
+		fmt.Fprintf(w, "%d of %d dead %ss shown (%s)\n", shown, total, noun, limitFlag)
+		return
+	}
+	fmt.Fprintf(w, "%d dead %s\n", total, plural(total, noun, noun+"s"))
 }
