@@ -163,7 +163,11 @@ func (c Config) Validate() error {
 
 // StreamKey returns the stream events of aggregateType are published to.
 func (c Config) StreamKey(aggregateType string) string {
-	c = c.withDefaults()
+	return c.withDefaults().streamKey(aggregateType)
+}
+
+// streamKey is StreamKey for a config that already has its defaults.
+func (c Config) streamKey(aggregateType string) string {
 	if c.Stream != "" {
 		return c.Stream
 	}

@@ -314,12 +314,12 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	}
 	failpoint.Inject("relay.after-claim")
 
-	ids, errs := r.publish(ctx, msgs)
-	failpoint.Inject("relay.after-xadd")
 	streams := make([]string, len(msgs))
 	for i, m := range msgs {
-		streams[i] = r.cfg.StreamKey(m.AggregateType)
+		streams[i] = r.cfg.streamKey(m.AggregateType)
 	}
+	ids, errs := r.publish(ctx, msgs, streams)
+	failpoint.Inject("relay.after-xadd")
 	if pipelineDown(errs, streams) {
 		// Every command failed the same way: the broker, not the events.
 		for i := range errs {
@@ -416,9 +416,9 @@ func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, a
 	return int(tag.RowsAffected()), nil
 }
 
-// publish XADDs msgs in one pipeline, in claim (seq) order, and returns each
+// publish XADDs msgs (msgs[i] to streams[i]) in one pipeline, in claim (seq) order, and returns each
 // message's stream entry id or error.
-func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error) {
+func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) ([]string, []error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(msgs))
@@ -429,7 +429,7 @@ func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error)
 			sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "outbox.publish",
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 					attribute.String("messaging.system", "redis"),
-					attribute.String("messaging.destination.name", r.cfg.StreamKey(m.AggregateType)),
+					attribute.String("messaging.destination.name", streams[i]),
 					attribute.String("messaging.message.id", m.ID.String()),
 					attribute.String("outbox.event_type", m.EventType)))
 			spans[i] = span
@@ -438,7 +438,7 @@ func (r *Relay) publish(ctx context.Context, msgs []message) ([]string, []error)
 				headers = tracing.ReplaceJSON(sctx, headers)
 			}
 			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
-				Stream: r.cfg.StreamKey(m.AggregateType),
+				Stream: streams[i],
 				Values: []any{
 					"event_id", m.ID.String(),
 					"event_type", m.EventType,
