@@ -311,8 +311,13 @@ func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
 	cfg.PollInterval = 100 * time.Millisecond
 	r := f.newRelay(cfg, nil)
 	f.run(r.Run)
-	// Commit only after the start-up drain, so that only a poll can find them.
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Polls > 0 }, "relay never polled")
+	// Commit only after the start-up drain and the wake-up that follows the
+	// first LISTEN have both been consumed, so that only a poll can find the
+	// rows: wait for the listener, then for two polls after it (the drain
+	// loop may pick a ready poll tick before a pending wake-up).
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	polls := r.Stats().Polls
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Polls >= polls+2 }, "relay never polled")
 	f.settle(20)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 20
