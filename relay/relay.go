@@ -495,7 +495,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 		}
 	}
 	if len(failIDs) > 0 {
-		tag, err := r.pool.Exec(ctx, r.qMarkFailed, failIDs, failErrs, failDelays, token, r.cfg.MaxAttempts)
+		tag, err := r.exec(ctx, r.qMarkFailed, failIDs, failErrs, failDelays, token, r.cfg.MaxAttempts)
 		if err != nil {
 			return res, next, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
 		}
@@ -516,7 +516,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.pool.Exec(ctx, r.qMarkPublished, m.ids, m.streamIDs, m.token)
+	tag, err := r.exec(ctx, r.qMarkPublished, m.ids, m.streamIDs, m.token)
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}
@@ -543,22 +543,12 @@ func (r *Relay) notePublished(res *BatchResult, m *pendingMark, n int) {
 // writers what op says and marks prev published (it returns how many of
 // prev's rows that mark updated).
 func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) ([]message, int, error) {
-	if op == flagNone && prev == nil {
-		rows, err := r.pool.Query(ctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
-		if err != nil {
-			return nil, 0, fmt.Errorf("claim: %w", err)
-		}
-		msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[message])
-		if err != nil {
-			return nil, 0, fmt.Errorf("claim: %w", err)
-		}
-		return msgs, 0, nil
-	}
 	var (
 		msgs   []message
 		marked int
 		b      pgx.Batch
 	)
+	b.Queue(asyncCommit)
 	switch op {
 	case flagBusy:
 		b.Queue(r.qBusy)
@@ -582,13 +572,36 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	return msgs, marked, nil
 }
 
+// asyncCommit makes the relay's own transactions commit without waiting for
+// their WAL to reach disk (set_config(..., true) lasts for the transaction).
+// Safe because every relay write can be lost and redone: a claim, mark,
+// release or reap that a database crash forgets leaves the row publishing or
+// pending, so it is published again (a duplicate, which consumers skip). It
+// never touches the writers' transactions, which stay as durable as the
+// server makes them; and a later durable commit flushes these first, as WAL
+// is written in order. It takes a round trip's WAL flush off every claim, the
+// step between commit and stream on the latency path.
+const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
+
+// exec runs one relay write with asyncCommit, in one round trip.
+func (r *Relay) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	var (
+		b   pgx.Batch
+		tag pgconn.CommandTag
+	)
+	b.Queue(asyncCommit)
+	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	err := r.pool.SendBatch(ctx, &b).Close()
+	return tag, err
+}
+
 // release gives rows back to pending without counting an attempt.
 func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, after time.Duration, cause error) (int, error) {
 	reason := "released"
 	if cause != nil {
 		reason = truncate("released: "+cause.Error(), 1000)
 	}
-	tag, err := r.pool.Exec(ctx, r.qRelease, ids, token, after.Milliseconds(), reason)
+	tag, err := r.exec(ctx, r.qRelease, ids, token, after.Milliseconds(), reason)
 	if err != nil {
 		return 0, fmt.Errorf("release %d rows: %w", len(ids), err)
 	}
@@ -649,7 +662,7 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 func (r *Relay) Reap(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		tag, err := r.pool.Exec(ctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
+		tag, err := r.exec(ctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)
 		}
