@@ -662,7 +662,11 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 func (r *Relay) Reap(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		tag, err := r.exec(ctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
+		// Bounded: a half-open connection must not hang the reaper (and
+		// with it the relay's shutdown) until TCP gives up.
+		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
+		tag, err := r.exec(sctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)
 		}
