@@ -284,6 +284,8 @@ func TestNotifyWakesRelay(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // let the start-up drain finish
 
 	for i := range 5 {
+		// Writers notify only while the relay sleeps (migration 0006).
+		outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay never went to sleep")
 		teds := f.settle(1)
 		committed := time.Now()
 		outboxtest.Eventually(t, 5*time.Second, func() bool {

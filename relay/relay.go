@@ -68,6 +68,11 @@ type Relay struct {
 	streams   map[string]bool // streams published to, for trimming
 
 	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
+	qBusy, qSleep                                        string
+
+	// asleep is what this relay last told writers: true after
+	// outbox_relay_sleep, false after outbox_relay_busy. Owned by drainLoop.
+	asleep bool
 }
 
 // Stats counts what a relay did since it started.
@@ -118,6 +123,9 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		qMarkFailed:    outboxsql.Query("relay_mark_failed"),
 		qRelease:       outboxsql.Query("relay_release"),
 		qReap:          outboxsql.Query("relay_reap"),
+		qBusy:          outboxsql.Query("relay_busy"),
+		qSleep:         outboxsql.Query("relay_sleep"),
+		asleep:         true, // the start-up drain claims as if woken
 	}, nil
 }
 
@@ -187,9 +195,12 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	defer poll.Stop()
 	retry := time.NewTimer(0)
 	defer retry.Stop()
+	// On the way out, tell writers to notify again: another relay may be
+	// asleep, waiting for them.
+	defer r.sleepOnExit()
 	polled := false
 	for {
-		n, retryIn, err := r.drain(ctx)
+		n, retryIn, err := r.drain(ctx, polled)
 		if polled && n > 0 {
 			r.stats.pollsWithWork.Add(1)
 			if m := r.cfg.Metrics; m != nil {
@@ -198,7 +209,12 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		}
 		polled = false
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("drain failed; retrying after the next wake-up", slog.Any("error", err))
+			r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Duration("retry_in", drainErrorRetry))
+			// Writers may have stopped notifying (this relay said it was
+			// busy): retry soon rather than at the next poll.
+			if retryIn == 0 || retryIn > drainErrorRetry {
+				retryIn = drainErrorRetry
+			}
 		}
 		// Rows that failed become claimable again after their backoff; wake
 		// up for them then rather than at the next poll.
@@ -221,16 +237,52 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	}
 }
 
+// drainErrorRetry is how soon a drain that failed (the database unreachable,
+// a statement timed out) is tried again.
+const drainErrorRetry = time.Second
+
+// flagOp is what a claim tells writers about this relay, in the same round
+// trip, before it claims: see sql/migrations/0006_outbox_notify_idle.sql.
+type flagOp int
+
+const (
+	flagNone  flagOp = iota
+	flagBusy         // draining: writers need not notify
+	flagSleep        // about to sleep: writers must notify (waits for writers that read "busy")
+)
+
 // drain publishes batches until a claim finds nothing, backing off while the
 // broker is unavailable. It returns the rows published and, if some rows
 // failed, how soon the earliest becomes claimable again.
 //
 // It does not stop at a short batch: publishing an event can make the next
 // event of the same aggregate claimable, and no notification announces that.
-func (r *Relay) drain(ctx context.Context) (published int, retryIn time.Duration, err error) {
+//
+// While it drains, writers are told not to notify (their NOTIFY would
+// serialize their commits for nothing); before it returns, it tells them to
+// notify again and claims once more, so a row committed in between is never
+// left for the fallback poll. A poll re-asserts "asleep" first, in case a
+// relay that crashed while draining left writers silent.
+func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn time.Duration, err error) {
+	op := flagNone
+	switch {
+	case polled:
+		op = flagSleep
+	case r.asleep:
+		op = flagBusy
+	}
 	failures := 0
 	for ctx.Err() == nil {
-		res, err := r.DrainBatch(ctx)
+		res, err := r.drainBatch(ctx, op)
+		if err == nil {
+			switch op {
+			case flagBusy:
+				r.asleep = false
+			case flagSleep:
+				r.asleep = true
+			}
+		}
+		op = flagNone
 		published += res.Published
 		if res.RetryIn > 0 && (retryIn == 0 || res.RetryIn < retryIn) {
 			retryIn = res.RetryIn
@@ -244,13 +296,31 @@ func (r *Relay) drain(ctx context.Context) (published int, retryIn time.Duration
 			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
 				slog.Duration("retry_in", d), slog.Any("error", res.Err))
 			retry.Sleep(ctx, d)
-		case res.Claimed == 0:
+		case res.Claimed == 0 && r.asleep:
 			return published, retryIn, nil
+		case res.Claimed == 0:
+			op = flagSleep
 		default:
 			failures = 0
+			if r.asleep {
+				op = flagBusy
+			}
 		}
 	}
 	return published, retryIn, nil
+}
+
+// sleepOnExit tells writers to notify again as this relay stops.
+func (r *Relay) sleepOnExit() {
+	if r.asleep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+	defer cancel()
+	if _, err := r.pool.Exec(ctx, r.qSleep); err != nil {
+		r.log.Warn("could not tell writers to notify again; other relays rely on their poll until then",
+			slog.Any("error", err))
+	}
 }
 
 // BatchResult says what one DrainBatch did.
@@ -284,6 +354,10 @@ type message struct {
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
 // timeout), so a shutdown never strands a claim until the lease expires.
 func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	return r.drainBatch(ctx, flagNone)
+}
+
+func (r *Relay) drainBatch(ctx context.Context, op flagOp) (BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, err
 	}
@@ -295,13 +369,9 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	rows, err := r.pool.Query(cctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
+	msgs, err := r.claim(cctx, op, token)
 	if err != nil {
-		return BatchResult{}, fmt.Errorf("claim: %w", err)
-	}
-	msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[message])
-	if err != nil {
-		return BatchResult{}, fmt.Errorf("claim: %w", err)
+		return BatchResult{}, err
 	}
 	res := BatchResult{Claimed: len(msgs)}
 	if len(msgs) == 0 {
@@ -401,6 +471,38 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 			slog.Int("rows", res.Fenced))
 	}
 	return res, nil
+}
+
+// claim claims one batch under token, after telling writers what op says in
+// the same round trip.
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID) ([]message, error) {
+	if op == flagNone {
+		rows, err := r.pool.Query(ctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[message])
+		if err != nil {
+			return nil, fmt.Errorf("claim: %w", err)
+		}
+		return msgs, nil
+	}
+	flag := r.qBusy
+	if op == flagSleep {
+		flag = r.qSleep
+	}
+	var msgs []message
+	b := &pgx.Batch{}
+	b.Queue(flag)
+	b.Queue(r.qClaim, r.cfg.BatchSize, token, r.cfg.Name).Query(func(rows pgx.Rows) error {
+		var err error
+		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
+		return err
+	})
+	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("claim: %w", err)
+	}
+	return msgs, nil
 }
 
 // release gives rows back to pending without counting an attempt.

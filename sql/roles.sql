@@ -26,8 +26,10 @@ GRANT SELECT, INSERT ON transfers TO outbox_writer;
 GRANT INSERT ON outbox_messages TO outbox_writer;
 GRANT SELECT (id, seq) ON outbox_messages TO outbox_writer; -- INSERT ... RETURNING id, seq
 GRANT USAGE ON SEQUENCE outbox_messages_seq TO outbox_writer;
+GRANT SELECT ON SEQUENCE outbox_relay_idle TO outbox_writer;   -- the notify trigger reads the idle flag
 
 GRANT SELECT, UPDATE ON outbox_messages TO outbox_relay;
+GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_idle TO outbox_relay; -- outbox_relay_busy/sleep set the flag
 
 GRANT outbox_relay TO outbox_admin;
 GRANT DELETE ON outbox_messages TO outbox_admin;

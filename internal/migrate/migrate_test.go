@@ -25,9 +25,7 @@ func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `DROP TABLE outbox_messages, transfers, outbox_schema_migrations;
-		DROP SEQUENCE IF EXISTS outbox_messages_seq;
-		DROP FUNCTION outbox_messages_notify()`); err != nil {
+	if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,0 +1,179 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// The notify trigger stays quiet while the relay drains, and the relay's way
+// back to sleep waits for writers that saw it busy: a writer that read "busy"
+// and commits after the relay's last claim is still picked up at once, not at
+// the fallback poll (ten minutes here).
+func TestWriterThatSawRelayBusyIsNotLeftForThePoll(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.relayConfig("r1")
+	published := make(chan struct{}, 10)
+	proceed := make(chan struct{})
+	first := true
+	cfg.OnPublish = func([]uuid.UUID) {
+		if first {
+			first = false
+			published <- struct{}{}
+			<-proceed // hold the relay "busy" while the second writer reads the flag
+		}
+	}
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay never went to sleep")
+	time.Sleep(50 * time.Millisecond) // let the wake-up after LISTEN finish
+
+	f.settle(1) // notifies: the relay wakes, says it is busy, claims, publishes...
+	select {
+	case <-published: // ...and waits in OnPublish.
+	case <-time.After(5 * time.Second):
+		t.Fatal("first event never published")
+	}
+	if got := f.idleFlag(); got != 0 {
+		t.Fatalf("idle flag %d while the relay drains, want 0", got)
+	}
+
+	// The second writer reads the flag (deferred trigger fired early), sees
+	// "busy", does not notify, and commits only after the relay has gone back
+	// to sleep and claimed once more.
+	tx, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.ctx) }()
+	ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
+	if _, err := transfer.SettleTx(f.ctx, tx, ted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(f.ctx, "SET CONSTRAINTS ALL IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	close(proceed)
+	time.Sleep(300 * time.Millisecond) // the relay reaches its last claim meanwhile
+	if err := tx.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	outboxtest.Eventually(t, 5*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
+	}, "a row committed by a writer that saw the relay busy waited for the fallback poll")
+	if st := r.Stats(); st.Notifications != 1 || st.Polls != 0 {
+		t.Fatalf("stats %+v: want exactly one notification (the first writer's) and no poll", st)
+	}
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay did not go back to sleep")
+}
+
+// Under a steady trickle, writers stop notifying once the relay is busy, and
+// every event is still published without the fallback poll.
+func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
+	f := newFixture(t)
+	r := f.newRelay(f.relayConfig("r1"), nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+
+	const writers, each = 4, 100
+	errs := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for i := range each {
+				ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: int64(w*each + i + 1)}
+				if _, err := transfer.Settle(f.ctx, f.pool, ted); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == writers*each
+	}, "events not all published without the fallback poll")
+	st := r.Stats()
+	if st.Polls != 0 {
+		t.Fatalf("stats %+v: the fallback poll ran", st)
+	}
+	t.Logf("%d events, %d notifications", writers*each, st.Notifications)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay did not go back to sleep")
+}
+
+// A relay that died while draining leaves writers silent; the next fallback
+// poll of any relay tells them to notify again.
+func TestPollReassertsSleepAfterARelayDiedBusy(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.relayConfig("r1")
+	cfg.PollInterval = 100 * time.Millisecond
+	r := f.newRelay(cfg, nil)
+	f.run(r.Run)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Polls > 0 }, "relay never polled")
+	if _, err := f.pool.Exec(f.ctx, "SELECT outbox_relay_busy()"); err != nil { // the dead relay's last word
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "the poll did not tell writers to notify again")
+}
+
+func TestNotifyModeSwitches(t *testing.T) {
+	f := newFixture(t)
+	mode := func(m string) (string, error) {
+		var prev string
+		err := f.pool.QueryRow(f.ctx, "SELECT outbox_notify_mode($1)", m).Scan(&prev)
+		return prev, err
+	}
+	triggers := func() string {
+		var s string
+		if err := f.pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(p.proname, ','), '')
+			FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+			WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, step := range []struct{ mode, prev, fn string }{
+		{"idle", "idle", "outbox_messages_notify_idle"}, // the migrations' default
+		{"always", "idle", "outbox_messages_notify"},
+		{"off", "always", ""},
+		{"off", "off", ""},
+		{"idle", "off", "outbox_messages_notify_idle"},
+	} {
+		prev, err := mode(step.mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev != step.prev || triggers() != step.fn {
+			t.Fatalf("outbox_notify_mode(%q) = %q with trigger function %q; want %q and %q", step.mode, prev, triggers(), step.prev, step.fn)
+		}
+	}
+	_, err := mode("sometimes")
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+		t.Fatalf("unknown mode: got %v, want invalid_parameter_value", err)
+	}
+}
+
+func (f *fixture) idleFlag() int {
+	f.t.Helper()
+	var v int
+	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	defer cancel()
+	if err := f.pool.QueryRow(ctx, "SELECT last_value FROM outbox_relay_idle").Scan(&v); err != nil {
+		f.t.Fatal(err)
+	}
+	return v
+}

@@ -1,0 +1,102 @@
+-- Notify only when a relay sleeps.
+--
+-- 0003 notified on every inserting statement. PostgreSQL serializes the
+-- commits of notifying transactions (a cluster-wide lock held through the
+-- commit record's flush), so under load writers queue behind one another just
+-- to announce rows that a busy relay would find anyway. A relay that is
+-- draining does not need wake-ups: it keeps claiming until a claim comes back
+-- empty. So the trigger notifies only while a relay is idle.
+--
+-- The idle flag is a sequence: reading and setting it is not transactional, so
+-- a writer sees the relay's latest word whatever its isolation level, and a
+-- relay's change needs no commit. 1 = some relay sleeps and waits for a NOTIFY;
+-- 0 = relays are draining.
+--
+-- The race, and how it is closed. A writer reads the flag in a deferred
+-- trigger, just before its commit; a relay going to sleep sets the flag and
+-- then claims once more. A writer that read 0 but has not committed yet would
+-- be invisible to that last claim and would not notify either. So the writer
+-- holds a shared advisory lock from the moment it reads the flag until its
+-- transaction ends, and the relay sets the flag while holding the same lock
+-- exclusively (outbox_relay_sleep): the relay's lock waits until every writer
+-- that read 0 has committed or rolled back, and its last claim sees their rows;
+-- writers that come later read 1 and notify.
+--
+-- outbox_notify_mode switches mechanism: 'idle' (this one, the default),
+-- 'always' (0003's trigger) or 'off' (no trigger; the relay's fallback poll
+-- alone finds new rows). The relay works the same under every mode.
+
+CREATE SEQUENCE outbox_relay_idle AS smallint MINVALUE 0 MAXVALUE 1 START 1 NO CYCLE;
+
+-- Writers hold advisory lock (1869903214, 1) shared from reading the flag to
+-- their commit; outbox_relay_sleep takes it exclusively.
+CREATE FUNCTION outbox_messages_notify_idle() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Once per transaction, whatever the number of rows it inserted.
+    IF current_setting('outbox.notify_checked', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('outbox.notify_checked', 'on', true);
+    PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
+    IF (SELECT last_value FROM outbox_relay_idle) = 1 THEN
+        PERFORM pg_notify('outbox_messages', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Called by a relay before its last claim ahead of sleeping: waits for every
+-- writer that may have read the flag as 0, then sets it to 1.
+CREATE FUNCTION outbox_relay_sleep() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(1869903214, 1);
+    PERFORM setval('outbox_relay_idle', 1);
+END
+$$;
+
+-- Called by a relay that starts draining: writers stop notifying.
+CREATE FUNCTION outbox_relay_busy() RETURNS void
+LANGUAGE sql AS $$
+    SELECT setval('outbox_relay_idle', 0);
+$$;
+
+CREATE FUNCTION outbox_notify_mode(mode text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    previous text;
+BEGIN
+    SELECT CASE p.proname
+               WHEN 'outbox_messages_notify_idle' THEN 'idle'
+               WHEN 'outbox_messages_notify' THEN 'always'
+           END
+      INTO previous
+      FROM pg_trigger t
+      JOIN pg_proc p ON p.oid = t.tgfoid
+     WHERE t.tgrelid = 'outbox_messages'::regclass
+       AND t.tgname = 'outbox_messages_notify';
+    IF mode IS NULL OR mode NOT IN ('idle', 'always', 'off') THEN
+        RAISE EXCEPTION 'outbox_notify_mode: unknown mode %; want idle, always or off', mode
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF previous IS NOT DISTINCT FROM NULLIF(mode, 'off') THEN
+        RETURN coalesce(previous, 'off');
+    END IF;
+    DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;
+    IF mode = 'idle' THEN
+        CREATE CONSTRAINT TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+            DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW EXECUTE FUNCTION outbox_messages_notify_idle();
+    ELSIF mode = 'always' THEN
+        CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+            FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify();
+    END IF;
+    -- A relay may be asleep with the flag at 0 (it was set while the trigger
+    -- did not read it); waking it once is harmless.
+    PERFORM setval('outbox_relay_idle', 1);
+    RETURN coalesce(previous, 'off');
+END
+$$;
+
+SELECT outbox_notify_mode('idle');
