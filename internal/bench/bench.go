@@ -56,7 +56,7 @@ type Result struct {
 	// latency, sustained: how late the open-loop schedule started a TED at
 	// worst (the writers could not keep up with --rate when this grows).
 	MaxScheduleLagMs *float64 `json:"max_schedule_lag_ms,omitempty"`
-	// latency, sustained: fallback polls of the relay that found rows (each
+	// writers, latency, sustained: fallback polls of the relay that found rows (each
 	// is a batch of events that waited for the poll, not for a NOTIFY).
 	PollsWithWork *int64 `json:"polls_with_work,omitempty"`
 	// sustained: the largest outbox backlog (rows pending or publishing)

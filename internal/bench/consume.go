@@ -119,7 +119,7 @@ func preload(ctx context.Context, rdb *redis.Client, stream string, n, dups int)
 			from := rand.IntN(1000)
 			ev := transfer.SettledEvent{SchemaVersion: transfer.SchemaVersion, EventID: uuid.New(), TransferID: uuid.New(),
 				FromAccount: fmt.Sprintf("acct-%03d", from), ToAccount: fmt.Sprintf("acct-%03d", (from+1+rand.IntN(999))%1000),
-				AmountCents: 1 + rand.Int64N(1_000_000), Currency: transfer.DefaultCurrency, SettledAt: now}
+				AmountCents: amount(), Currency: transfer.DefaultCurrency, SettledAt: now}
 			payload, err := json.Marshal(ev)
 			if err != nil {
 				return err

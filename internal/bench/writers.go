@@ -29,7 +29,8 @@ type WritersConfig struct {
 // transfer.Settle back to back for the duration. Each result is one case:
 // events_per_s is transactions committed per second, the percentiles are
 // commit latencies (the Settle call), backlog_at_end what the relay had not
-// published when the writers stopped, and ratio_to_off the case's rate over
+// published when the writers stopped, polls_with_work the relay's fallback
+// polls that found rows while they wrote, and ratio_to_off the case's rate over
 // that of mode off at the same writer count (when off is measured). Before the
 // next case the relay publishes everything the writers committed.
 func Writers(ctx context.Context, e Env, cfg WritersConfig) ([]Result, error) {
@@ -112,7 +113,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 			for time.Now().Before(end) && ctx.Err() == nil {
 				from := rand.IntN(1000)
 				t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%03d", from),
-					ToAccount: fmt.Sprintf("acct-%03d", (from+1+rand.IntN(999))%1000), AmountCents: 1 + rand.Int64N(1_000_000)}
+					ToAccount: fmt.Sprintf("acct-%03d", (from+1+rand.IntN(999))%1000), AmountCents: amount()}
 				t0 := time.Now()
 				if _, err := transfer.Settle(ctx, s.pool, t); err != nil {
 					bad, last = bad+1, err
@@ -141,6 +142,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	if err != nil {
 		return Result{}, err
 	}
+	polls := r.Stats().PollsWithWork
 	// The relay consumes what was written before the next case starts.
 	deadline := time.Now().Add(60*time.Second + 2*r.Config().PollInterval)
 	for b := left; b > 0; {
@@ -156,5 +158,6 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 		"duration": cfg.Duration.String(), "relays": 1, "poll": r.Config().PollInterval.String(), "latency": "commit"})
 	res.Errors = ptr(errs)
 	res.BacklogAtEnd = ptr(left)
+	res.PollsWithWork = ptr(polls)
 	return res, nil
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"slices"
 	"strconv"
@@ -95,6 +96,14 @@ func runBench(ctx context.Context, e *env, args []string) error {
 			}
 			modes = append(modes, m)
 		}
+	}
+	// The relays and consumers under measurement log their warnings and
+	// errors only, unless a level is asked for: an info line per reviewed TED
+	// would be measured too.
+	levelSet := e.getenv("OUTBOX_LOG_LEVEL") != ""
+	fs.Visit(func(f *flag.Flag) { levelSet = levelSet || f.Name == "log-level" })
+	if !levelSet {
+		c.logLevel = "warn"
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
