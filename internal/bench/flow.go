@@ -202,4 +202,12 @@ func amount() int64 {
 	return 1 + rand.Int64N(200_000)
 }
 
+// modeName is the notify mode a run used: empty means the migrations' default.
+func modeName(mode string) string {
+	if mode == "" {
+		return "default"
+	}
+	return mode
+}
+
 var errNoEvents = errors.New("no TED was settled")

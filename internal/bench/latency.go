@@ -9,13 +9,17 @@ import (
 // relay and one anti-fraud consumer, and measures, from the moment each
 // Settle returned, commit → stream entry (seen by a separate XREAD reader)
 // and commit → verdict. It returns both results; their events_per_s is the
-// rate achieved (events over the writing phase).
-func Latency(ctx context.Context, e Env, rate float64, n int) ([]Result, error) {
+// rate achieved (events over the writing phase). mode, when not empty, is
+// the notify mode to switch to first (outbox_notify_mode).
+func Latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Result, error) {
 	s, err := e.open(ctx, "latency", 64)
 	if err != nil {
 		return nil, err
 	}
 	defer s.close()
+	if err := s.notifyMode(ctx, mode); err != nil {
+		return nil, err
+	}
 	if err := s.warm(ctx, 16); err != nil {
 		return nil, err
 	}
@@ -37,7 +41,7 @@ func Latency(ctx context.Context, e Env, rate float64, n int) ([]Result, error) 
 	if len(toStream) == 0 {
 		return nil, errNoEvents
 	}
-	settings := map[string]any{"rate": rate, "relays": 1, "consumers": 1, "poll": f.relay.Config().PollInterval.String()}
+	settings := map[string]any{"rate": rate, "mode": modeName(mode), "relays": 1, "consumers": 1, "poll": f.relay.Config().PollInterval.String()}
 	out := []Result{
 		percentiles("latency_commit_to_stream", toStream, took, settings),
 		percentiles("latency_commit_to_verdict", toVerdict, took, settings),

@@ -15,14 +15,18 @@ import (
 // sample of the last quarter of the writing phase is at most one second of
 // arrivals (max(rate, 10) rows): a relay that keeps up leaves milliseconds'
 // worth, one that falls behind accumulates the difference every second, and a
-// single late batch (a fallback poll) is a spike, not a median.
-func Sustained(ctx context.Context, e Env, rate float64, d time.Duration) (Result, error) {
+// single late batch (a fallback poll) is a spike, not a median. mode, when not
+// empty, is the notify mode to switch to first (outbox_notify_mode).
+func Sustained(ctx context.Context, e Env, rate float64, d time.Duration, mode string) (Result, error) {
 	n := int(math.Ceil(rate * d.Seconds()))
 	s, err := e.open(ctx, "sustained", 64)
 	if err != nil {
 		return Result{}, err
 	}
 	defer s.close()
+	if err := s.notifyMode(ctx, mode); err != nil {
+		return Result{}, err
+	}
 	if err := s.warm(ctx, 16); err != nil {
 		return Result{}, err
 	}
@@ -88,7 +92,7 @@ func Sustained(ctx context.Context, e Env, rate float64, d time.Duration) (Resul
 		bounded = float64(tail[(len(tail)-1)/2]) <= max(rate, 10)
 	}
 	r := percentiles("sustained", toVerdict, took, map[string]any{
-		"rate": rate, "duration": d.String(), "relays": 1, "consumers": 1,
+		"rate": rate, "mode": modeName(mode), "duration": d.String(), "relays": 1, "consumers": 1,
 		"poll": f.relay.Config().PollInterval.String(), "backlog_samples": len(samples), "latency": "commit_to_verdict"})
 	r.Errors = ptr(f.errs.Load())
 	r.MaxScheduleLagMs = ptr(ms(lag))

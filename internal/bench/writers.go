@@ -48,6 +48,22 @@ func Writers(ctx context.Context, e Env, cfg WritersConfig) ([]Result, error) {
 	return out, nil
 }
 
+// notifyMode switches the space's outbox trigger with outbox_notify_mode;
+// an empty mode leaves the migrations' default.
+func (s *space) notifyMode(ctx context.Context, mode string) error {
+	if mode == "" {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, "SELECT outbox_notify_mode($1::text)", mode); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
+			return fmt.Errorf("this schema has no outbox_notify_mode(text); the notify modes need its migration: %w", err)
+		}
+		return fmt.Errorf("switch notify mode: %w", err)
+	}
+	return nil
+}
+
 // SetRatios sets ratio_to_off of every writers result whose writer count also
 // has a result for mode off (after Repeat: the ratio of the medians).
 func SetRatios(rs []Result) {
@@ -70,12 +86,8 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 		return Result{}, err
 	}
 	defer s.close()
-	if _, err := s.pool.Exec(ctx, "SELECT outbox_notify_mode($1::text)", mode); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42883" { // undefined_function
-			return Result{}, fmt.Errorf("this schema has no outbox_notify_mode(text); the notify modes need its migration: %w", err)
-		}
-		return Result{}, fmt.Errorf("switch notify mode: %w", err)
+	if err := s.notifyMode(ctx, mode); err != nil {
+		return Result{}, err
 	}
 	if err := s.warm(ctx, writers+2); err != nil {
 		return Result{}, err

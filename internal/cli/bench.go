@@ -30,7 +30,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		n, relays, batch, consumers  *int
 		rate, dup                    *float64
 		duration, poll               *time.Duration
-		writersList, modesList       *string
+		writersList, modesList, mode *string
 		writerCounts                 []int
 		modes                        []string
 		maxWriters, maxConsumers     = 256, 64
@@ -45,6 +45,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	case "latency":
 		n = fs.Int("n", 2_000, "TEDs to settle")
 		rate = fs.Float64("rate", 200, "TEDs per second (open-loop schedule)")
+		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 	case "drain":
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
@@ -57,6 +58,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	case "sustained":
 		rate = fs.Float64("rate", 500, "TEDs per second (open-loop schedule)")
 		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
+		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 	}
 	if err := e.parse(fs, args[1:]); err != nil {
 		return err
@@ -80,6 +82,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--duration must be at least 100ms")
 	case poll != nil && *poll < time.Millisecond:
 		return usagef("--poll must be at least 1ms")
+	}
+	if mode != nil && *mode != "" && *mode != "off" && *mode != "always" && *mode != "idle" {
+		return usagef("--mode %q: want off, always or idle", *mode)
 	}
 	if writersList != nil {
 		for _, f := range strings.Split(*writersList, ",") {
@@ -128,13 +133,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "writers":
 			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll})
 		case "latency":
-			return bench.Latency(ctx, env, *rate, *n)
+			return bench.Latency(ctx, env, *rate, *n, *mode)
 		case "drain":
 			return one(bench.Drain(ctx, env, *n, *relays, *batch))
 		case "consume":
 			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup))
 		default:
-			return one(bench.Sustained(ctx, env, *rate, *duration))
+			return one(bench.Sustained(ctx, env, *rate, *duration, *mode))
 		}
 	})
 	if err != nil {
