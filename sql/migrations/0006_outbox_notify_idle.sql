@@ -15,21 +15,21 @@
 -- The race, and how it is closed. A writer reads the flag in a deferred
 -- trigger, just before its commit; a relay going to sleep sets the flag and
 -- then claims once more. A writer that read 0 but has not committed yet would
--- be invisible to that last claim and would not notify either. So the writer
--- holds a shared advisory lock from the moment it reads the flag until its
--- transaction ends, and the relay sets the flag while holding the same lock
--- exclusively (outbox_relay_sleep): the relay's lock waits until every writer
--- that read 0 has committed or rolled back, and its last claim sees their rows;
--- writers that come later read 1 and notify.
---
+-- be invisible to that last claim and would not notify either. So a writer
+-- that reads 0 takes a shared advisory lock, held until its transaction ends,
+-- and reads the flag again; the relay, after setting the flag, takes the same
+-- lock exclusively and lets it go (outbox_relay_sleep). The relay thus waits
+-- until every writer that read 0 twice has committed or rolled back, and its
+-- last claim sees their rows; a writer that asks for the lock later reads 1
+-- the second time and notifies. Writers that read 1 notify at once and never
+-- touch the lock, so a relay going to sleep stalls nobody.
+
 -- outbox_notify_mode switches mechanism: 'idle' (this one, the default),
 -- 'always' (0003's trigger) or 'off' (no trigger; the relay's fallback poll
 -- alone finds new rows). The relay works the same under every mode.
 
 CREATE SEQUENCE outbox_relay_idle AS smallint MINVALUE 0 MAXVALUE 1 START 1 NO CYCLE;
 
--- Writers hold advisory lock (1869903214, 1) shared from reading the flag to
--- their commit; outbox_relay_sleep takes it exclusively.
 CREATE FUNCTION outbox_messages_notify_idle() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -38,21 +38,25 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM set_config('outbox.notify_checked', 'on', true);
-    PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
-    IF (SELECT last_value FROM outbox_relay_idle) = 1 THEN
-        PERFORM pg_notify('outbox_messages', '');
+    IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+        PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
+        IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+            RETURN NULL; -- a relay is draining and will see this row
+        END IF;
     END IF;
+    PERFORM pg_notify('outbox_messages', '');
     RETURN NULL;
 END
 $$;
 
--- Called by a relay before its last claim ahead of sleeping: waits for every
--- writer that may have read the flag as 0, then sets it to 1.
+-- Called by a relay before its last claim ahead of sleeping: asks writers to
+-- notify, then waits for every writer that read the flag as 0 to finish.
 CREATE FUNCTION outbox_relay_sleep() RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(1869903214, 1);
     PERFORM setval('outbox_relay_idle', 1);
+    PERFORM pg_advisory_lock(1869903214, 1);
+    PERFORM pg_advisory_unlock(1869903214, 1);
 END
 $$;
 

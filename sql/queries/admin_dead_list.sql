@@ -4,6 +4,6 @@ SELECT id, aggregate_type, aggregate_id, event_type, attempts,
        coalesce(last_error, '') AS last_error, created_at,
        count(*) OVER () AS total
   FROM outbox_messages
- WHERE status = 'dead'
+ WHERE dead
  ORDER BY seq
  LIMIT $1::bigint

@@ -6,7 +6,7 @@
 WITH picked AS MATERIALIZED (
     SELECT id
       FROM outbox_messages
-     WHERE status = 'dead'
+     WHERE dead
        AND seq > $1::bigint
      ORDER BY seq
      LIMIT $2::bigint

@@ -6,10 +6,14 @@
 -- NOT EXISTS: an event is claimable only when no older event of the same
 -- aggregate is still unpublished, which keeps per-aggregate order across
 -- relays, failures and backoff (a batch holds at most one event per aggregate).
+-- unpublished: the partial indexes' predicate (migration 0007).
+-- ctid: the picked rows are locked by this statement, so their row versions
+-- cannot change under it; a TID scan finds each again without an index probe.
 WITH picked AS MATERIALIZED (
-    SELECT o.id
+    SELECT o.ctid AS tid
       FROM outbox_messages o
-     WHERE o.status = 'pending'
+     WHERE o.unpublished
+       AND o.status = 'pending'
        AND o.next_attempt_at <= now()
        AND NOT EXISTS (
            SELECT 1
@@ -17,7 +21,7 @@ WITH picked AS MATERIALIZED (
             WHERE p.aggregate_type = o.aggregate_type
               AND p.aggregate_id = o.aggregate_id
               AND p.seq < o.seq
-              AND p.status IN ('pending', 'publishing'))
+              AND p.unpublished)
      ORDER BY o.seq
      LIMIT $1
        FOR UPDATE OF o SKIP LOCKED
@@ -28,6 +32,6 @@ UPDATE outbox_messages o
        claimed_by = $3,
        claim_token = $2
   FROM picked
- WHERE o.id = picked.id
+ WHERE o.ctid = picked.tid
 RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
           o.payload, o.headers, o.attempts, o.created_at

@@ -5,7 +5,8 @@
 WITH expired AS MATERIALIZED (
     SELECT id
       FROM outbox_messages
-     WHERE status = 'publishing'
+     WHERE unpublished
+       AND status = 'publishing'
        AND claimed_at < now() - $1 * interval '1 millisecond'
      ORDER BY seq
      LIMIT $2
