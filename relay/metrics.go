@@ -77,9 +77,15 @@ func (m *Metrics) batch(res BatchResult, took time.Duration) {
 	}
 	m.batchSize.Observe(float64(res.Claimed))
 	m.batchDuration.Observe(took.Seconds())
-	m.published.Add(float64(res.Published))
 	m.released.Add(float64(res.Released))
-	m.fenced.Add(float64(res.Fenced))
+}
+
+func (m *Metrics) marked(published, fenced int) {
+	if m == nil {
+		return
+	}
+	m.published.Add(float64(published))
+	m.fenced.Add(float64(fenced))
 }
 
 // maxEventTypeLabels bounds the event_type label: the generic write API

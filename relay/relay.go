@@ -24,6 +24,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -272,8 +273,27 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 		op = flagBusy
 	}
 	failures := 0
+	var pending *pendingMark // the last batch's mark, sent with the next claim
+	flush := func() error {  // sends it on its own
+		if pending == nil {
+			return nil
+		}
+		var res BatchResult
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		err := r.markPublished(mctx, &res, pending)
+		pending = nil
+		published += res.Published
+		return err
+	}
+	defer func() {
+		if ferr := flush(); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}()
 	for ctx.Err() == nil {
-		res, err := r.drainBatch(ctx, op)
+		var res BatchResult
+		res, pending, err = r.drainBatch(ctx, op, pending, true)
 		if err == nil {
 			switch op {
 			case flagBusy:
@@ -291,6 +311,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 		case err != nil:
 			return published, retryIn, err
 		case res.BrokerDown:
+			if err := flush(); err != nil {
+				return published, retryIn, err
+			}
 			failures++
 			d := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
 			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
@@ -354,12 +377,26 @@ type message struct {
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
 // timeout), so a shutdown never strands a claim until the lease expires.
 func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
-	return r.drainBatch(ctx, flagNone)
+	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
+	return res, err
 }
 
-func (r *Relay) drainBatch(ctx context.Context, op flagOp) (BatchResult, error) {
+// pendingMark is a published batch whose mark has not been sent yet: while
+// draining, it rides in the next claim's round trip (one round trip and one
+// commit per batch instead of two).
+type pendingMark struct {
+	ids       []uuid.UUID
+	streamIDs []string
+	token     uuid.UUID
+}
+
+// drainBatch is DrainBatch with three more inputs: op is sent ahead of the
+// claim; prev, if not nil, is marked in the claim's round trip and counted in
+// the result; with deferMark, this batch's own mark of the published rows is
+// returned for the next call instead of being sent.
+func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
 	if err := ctx.Err(); err != nil {
-		return BatchResult{}, err
+		return BatchResult{}, prev, err
 	}
 	// Past this point the batch is finished even if ctx is cancelled: a claim
 	// interrupted after the server committed it would strand rows until the
@@ -369,13 +406,24 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp) (BatchResult, error) 
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	msgs, err := r.claim(cctx, op, token)
+	msgs, prevMarked, err := r.claim(cctx, op, token, prev)
 	if err != nil {
-		return BatchResult{}, err
+		if prev != nil {
+			// The mark rolled back with the claim; send it on its own.
+			var res BatchResult
+			if merr := r.markPublished(ctx, &res, prev); merr != nil {
+				err = errors.Join(err, merr)
+			}
+		}
+		return BatchResult{}, nil, err
 	}
-	res := BatchResult{Claimed: len(msgs)}
+	var res BatchResult
+	if prev != nil {
+		r.notePublished(&res, prev, prevMarked)
+	}
+	res.Claimed = len(msgs)
 	if len(msgs) == 0 {
-		return res, nil
+		return res, nil, nil
 	}
 	defer func() { r.cfg.Metrics.batch(res, time.Since(started)) }()
 	r.stats.claimed.Add(int64(len(msgs)))
@@ -398,16 +446,17 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp) (BatchResult, error) 
 	}
 
 	var (
-		okIDs, failIDs, releaseIDs []uuid.UUID
-		streamIDs, failErrs        []string
-		failDelays                 []int64
+		ok                  = pendingMark{token: token}
+		failIDs, releaseIDs []uuid.UUID
+		failErrs            []string
+		failDelays          []int64
 	)
 	for i, m := range msgs {
 		switch {
 		case errs[i] == nil:
 			r.noteStream(streams[i])
-			okIDs = append(okIDs, m.ID)
-			streamIDs = append(streamIDs, ids[i])
+			ok.ids = append(ok.ids, m.ID)
+			ok.streamIDs = append(ok.streamIDs, ids[i])
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
 		case brokerUnavailable(errs[i]):
 			res.BrokerDown = true
@@ -429,80 +478,108 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp) (BatchResult, error) 
 		}
 	}
 
-	if r.cfg.OnPublish != nil && len(okIDs) > 0 {
-		r.cfg.OnPublish(okIDs)
+	if r.cfg.OnPublish != nil && len(ok.ids) > 0 {
+		r.cfg.OnPublish(ok.ids)
 	}
 
 	// The marks are fenced by the claim token: if our lease expired and another
 	// relay re-claimed a row, the row is left to that relay.
-	// The marks are fenced by the claim token: if our lease expired and another
-	// relay re-claimed a row, the row is left to that relay.
 	ctx, cancel = context.WithTimeout(ctx, markTimeout)
 	defer cancel()
-	if len(okIDs) > 0 {
-		tag, err := r.pool.Exec(ctx, r.qMarkPublished, okIDs, streamIDs, token)
-		if err != nil {
-			return res, fmt.Errorf("mark %d rows published: %w", len(okIDs), err)
+	var next *pendingMark
+	if len(ok.ids) > 0 {
+		if deferMark {
+			next = &ok
+		} else if err := r.markPublished(ctx, &res, &ok); err != nil {
+			return res, nil, err
 		}
-		res.Published = int(tag.RowsAffected())
-		res.Fenced += len(okIDs) - res.Published
 	}
 	if len(failIDs) > 0 {
 		tag, err := r.pool.Exec(ctx, r.qMarkFailed, failIDs, failErrs, failDelays, token, r.cfg.MaxAttempts)
 		if err != nil {
-			return res, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
+			return res, next, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
 		}
 		res.Failed = int(tag.RowsAffected())
 	}
 	if len(releaseIDs) > 0 {
 		n, err := r.release(ctx, token, releaseIDs, releaseDelay, res.Err)
 		if err != nil {
-			return res, err
+			return res, next, err
 		}
 		res.Released = n
 		res.RetryIn = releaseDelay
 	}
-	r.stats.published.Add(int64(res.Published))
-	r.stats.fenced.Add(int64(res.Fenced))
 	r.stats.failed.Add(int64(res.Failed))
 	r.stats.released.Add(int64(res.Released))
-	if res.Fenced > 0 {
-		r.log.Warn("claim lost to another relay after publishing (lease expired); duplicates left for consumers to skip",
-			slog.Int("rows", res.Fenced))
-	}
-	return res, nil
+	return res, next, nil
 }
 
-// claim claims one batch under token, after telling writers what op says in
-// the same round trip.
-func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID) ([]message, error) {
-	if op == flagNone {
+// markPublished sends m's mark on its own and counts it in res.
+func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
+	tag, err := r.pool.Exec(ctx, r.qMarkPublished, m.ids, m.streamIDs, m.token)
+	if err != nil {
+		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
+	}
+	r.notePublished(res, m, int(tag.RowsAffected()))
+	return nil
+}
+
+// notePublished counts a mark that updated n of m's rows; the others were
+// re-claimed by another relay after our lease expired (fenced).
+func (r *Relay) notePublished(res *BatchResult, m *pendingMark, n int) {
+	fenced := len(m.ids) - n
+	res.Published += n
+	res.Fenced += fenced
+	r.stats.published.Add(int64(n))
+	r.stats.fenced.Add(int64(fenced))
+	r.cfg.Metrics.marked(n, fenced)
+	if fenced > 0 {
+		r.log.Warn("claim lost to another relay after publishing (lease expired); duplicates left for consumers to skip",
+			slog.Int("rows", fenced))
+	}
+}
+
+// claim claims one batch under token. In the same round trip it first tells
+// writers what op says and marks prev published (it returns how many of
+// prev's rows that mark updated).
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) ([]message, int, error) {
+	if op == flagNone && prev == nil {
 		rows, err := r.pool.Query(ctx, r.qClaim, r.cfg.BatchSize, token, r.cfg.Name)
 		if err != nil {
-			return nil, fmt.Errorf("claim: %w", err)
+			return nil, 0, fmt.Errorf("claim: %w", err)
 		}
 		msgs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[message])
 		if err != nil {
-			return nil, fmt.Errorf("claim: %w", err)
+			return nil, 0, fmt.Errorf("claim: %w", err)
 		}
-		return msgs, nil
+		return msgs, 0, nil
 	}
-	flag := r.qBusy
-	if op == flagSleep {
-		flag = r.qSleep
+	var (
+		msgs   []message
+		marked int
+		b      pgx.Batch
+	)
+	switch op {
+	case flagBusy:
+		b.Queue(r.qBusy)
+	case flagSleep:
+		b.Queue(r.qSleep)
 	}
-	var msgs []message
-	b := &pgx.Batch{}
-	b.Queue(flag)
+	if prev != nil {
+		b.Queue(r.qMarkPublished, prev.ids, prev.streamIDs, prev.token).Exec(func(tag pgconn.CommandTag) error {
+			marked = int(tag.RowsAffected())
+			return nil
+		})
+	}
 	b.Queue(r.qClaim, r.cfg.BatchSize, token, r.cfg.Name).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
 		return err
 	})
-	if err := r.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, 0, fmt.Errorf("claim: %w", err)
 	}
-	return msgs, nil
+	return msgs, marked, nil
 }
 
 // release gives rows back to pending without counting an attempt.
