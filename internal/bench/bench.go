@@ -1,42 +1,79 @@
 // Package bench measures the outbox end to end on real servers, each
-// scenario in a database of its own (created and dropped) and under a Redis
-// key prefix of its own (deleted afterwards):
+// scenario run in a database of its own (created, migrated and dropped) and
+// under a Redis key prefix of its own (deleted afterwards):
 //
-//   - drain: how fast K relays publish a backlog of N events;
+//   - writers: settle throughput (transfer.Settle transactions per second)
+//     and commit latency at several writer counts and notify modes, with a
+//     relay running;
 //   - latency: commit → stream entry (seen by a separate XREAD reader) and
-//     commit → anti-fraud verdict, settling at a steady rate.
+//     commit → anti-fraud verdict, settling on an open-loop schedule;
+//   - drain: how fast K relays publish a backlog of N events;
+//   - consume: how fast K anti-fraud consumers process N preloaded stream
+//     entries, duplicates included;
+//   - sustained: settling at a fixed rate for a while with one relay and one
+//     consumer: commit → verdict and whether the outbox backlog stays bounded.
+//
+// Every scenario returns Results; Repeat runs one several times and reports
+// the median of each figure.
 package bench
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/testenv"
-	"github.com/tedbank/outbox/relay"
-	"github.com/tedbank/outbox/transfer"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
-// Result is one measurement; --json prints it as one line.
+// Result is one measurement; --json prints it as one line. The fields after
+// Settings are scenario-specific and omitted where they do not apply.
 type Result struct {
 	Scenario   string         `json:"scenario"`
-	N          int            `json:"n"`
-	Seconds    float64        `json:"seconds"`
-	EventsPerS float64        `json:"events_per_s"`
+	N          int            `json:"n"`            // measurements (events, transactions) behind the figures
+	Seconds    float64        `json:"seconds"`      // the timed phase
+	EventsPerS float64        `json:"events_per_s"` // N / Seconds
 	P50Ms      float64        `json:"p50_ms"`
 	P90Ms      float64        `json:"p90_ms"`
 	P99Ms      float64        `json:"p99_ms"`
 	MaxMs      float64        `json:"max_ms"`
 	Settings   map[string]any `json:"settings"`
+
+	// writers: events_per_s divided by that of notify mode off at the same
+	// writer count (1 for off itself).
+	RatioToOff *float64 `json:"ratio_to_off,omitempty"`
+	// writers, latency, sustained: settle calls that failed (not in N).
+	Errors *int64 `json:"errors,omitempty"`
+	// writers: events not yet published when the writers stopped.
+	BacklogAtEnd *int64 `json:"backlog_at_end,omitempty"`
+	// latency, sustained: how late the open-loop schedule started a TED at
+	// worst (the writers could not keep up with --rate when this grows).
+	MaxScheduleLagMs *float64 `json:"max_schedule_lag_ms,omitempty"`
+	// writers, latency, sustained: fallback polls of the relay that found rows (each
+	// is a batch of events that waited for the poll, not for a NOTIFY).
+	PollsWithWork *int64 `json:"polls_with_work,omitempty"`
+	// sustained: the largest outbox backlog (rows pending or publishing)
+	// sampled every 100ms, and whether the backlog stayed bounded.
+	MaxBacklog     *int64 `json:"max_backlog,omitempty"`
+	BacklogBounded *bool  `json:"backlog_bounded,omitempty"`
+	// consume: deliveries skipped as duplicates (N includes them).
+	Duplicates *int64 `json:"duplicates,omitempty"`
+	// drain, consume: peak resident set of the whole harness process during
+	// the timed phase (VmHWM, reset just before it), and its RSS then.
+	PeakRSSKB   *int64 `json:"peak_rss_kb,omitempty"`
+	RSSBeforeKB *int64 `json:"rss_before_kb,omitempty"`
+
+	// Runs holds every run's result when the case ran more than once; the
+	// figures above are then the medians of theirs.
+	Runs []Result `json:"runs,omitempty"`
 }
 
 // Env is where a scenario runs.
@@ -54,7 +91,7 @@ type space struct {
 	rdb    *redis.Client
 }
 
-func (e Env) open(ctx context.Context, name string) (*space, error) {
+func (e Env) open(ctx context.Context, name string, maxConns int32) (*space, error) {
 	dbURL, drop, err := testenv.CreateDatabase(ctx, e.AdminURL, "bench_"+name)
 	if err != nil {
 		return nil, fmt.Errorf("create the benchmark database (the URL's user needs CREATEDB): %w", err)
@@ -65,7 +102,7 @@ func (e Env) open(ctx context.Context, name string) (*space, error) {
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-bench"
-	cfg.MaxConns = 64
+	cfg.MaxConns = max(maxConns, 8)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		_ = drop(ctx)
@@ -90,188 +127,161 @@ func (s *space) close() {
 	}
 }
 
-// Drain measures K relays publishing a backlog of n events.
-func Drain(ctx context.Context, e Env, n, relays, batch int) (Result, error) {
-	s, err := e.open(ctx, "drain")
-	if err != nil {
-		return Result{}, err
-	}
-	defer s.close()
-	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
-		SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
-		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g)
-		  FROM generate_series(1, $1::int) g`, n)
-	if err != nil {
-		return Result{}, fmt.Errorf("insert the backlog: %w", err)
-	}
-	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE outbox_messages"); err != nil {
-		return Result{}, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range relays {
-		r, err := relay.New(s.pool, s.rdb, relay.Config{
-			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
-			PollInterval: 50 * time.Millisecond, Logger: e.Log,
-		})
+// backlog counts the rows not yet published (pending or publishing) with the
+// metrics' query, which the schema keeps cheap (a partial index).
+func (s *space) backlog(ctx context.Context) (int64, error) {
+	var pending, publishing, dead int64
+	var oldest float64
+	err := s.pool.QueryRow(ctx, qMetrics).Scan(&pending, &publishing, &dead, &oldest)
+	return pending + publishing, err
+}
+
+var qMetrics = outboxsql.Query("metrics_outbox")
+
+// warm opens n pool connections before a timed phase, so that connecting is
+// not measured.
+func (s *space) warm(ctx context.Context, n int) error {
+	conns := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := s.pool.Acquire(ctx)
 		if err != nil {
-			cancel()
-			return Result{}, err
+			return err
 		}
-		wg.Go(func() { _ = r.Run(rctx) })
+		conns = append(conns, c)
 	}
-	for {
-		var left int
-		if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE status <> 'published'").Scan(&left); err != nil {
-			cancel()
-			wg.Wait()
-			return Result{}, err
-		}
-		if left == 0 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	took := time.Since(start)
-	cancel()
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return Result{}, err
-	}
-	return Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
-		Settings: map[string]any{"relays": relays, "batch": batch}}, nil
+	return nil
 }
 
-// Latency settles n TEDs at rate per second with one relay and one
-// consumer, and measures commit → stream entry (a separate XREAD reader) and
-// commit → verdict. It returns both results.
-func Latency(ctx context.Context, e Env, rate float64, n int) ([]Result, error) {
-	s, err := e.open(ctx, "latency")
-	if err != nil {
-		return nil, err
-	}
-	defer s.close()
-	stream := s.prefix + transfer.AggregateType
-	var (
-		mu                  sync.Mutex
-		committed           = make(map[string]time.Time, n)
-		inStream, judged    = make(map[string]time.Time, n), make(map[string]time.Time, n)
-		toStream, toVerdict []time.Duration
-	)
-	bg, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-
-	// The reader: blocking XREAD from the start, matching event ids.
-	wg.Go(func() {
-		last := "0"
-		for bg.Err() == nil {
-			res, err := s.rdb.XRead(bg, &redis.XReadArgs{Streams: []string{stream, last}, Count: 1000, Block: 200 * time.Millisecond}).Result()
-			if err != nil {
-				continue
-			}
-			now := time.Now()
-			mu.Lock()
-			for _, m := range res[0].Messages {
-				last = m.ID
-				if id, _ := m.Values["event_id"].(string); id != "" {
-					if _, seen := inStream[id]; !seen {
-						inStream[id] = now
-					}
-				}
-			}
-			mu.Unlock()
-		}
-	})
-	r, err := relay.New(s.pool, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log})
-	if err != nil {
-		return nil, err
-	}
-	wg.Go(func() { _ = r.Run(bg) })
-	c, err := fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
-		Block: 200 * time.Millisecond, Logger: e.Log,
-		OnProcessed: func(ev fraud.Event, outcome string) {
-			now := time.Now()
-			mu.Lock()
-			if _, seen := judged[ev.EventID.String()]; !seen {
-				judged[ev.EventID.String()] = now
-			}
-			mu.Unlock()
-		}})
-	if err != nil {
-		return nil, err
-	}
-	wg.Go(func() { _ = c.Run(bg) })
-	for !r.Stats().ListenUp && bg.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
-
-	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer tick.Stop()
-	start := time.Now()
-	var writers sync.WaitGroup
-	for i := range n {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-		writers.Go(func() {
-			t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%03d", i%500), ToAccount: "dest", AmountCents: int64(100 + i)}
-			res, err := transfer.Settle(bg, s.pool, t)
-			if err != nil {
-				return
-			}
-			now := time.Now()
-			mu.Lock()
-			committed[res.EventID.String()] = now
-			mu.Unlock()
-		})
-	}
-	writers.Wait()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		mu.Lock()
-		done := len(judged) >= len(committed) && len(inStream) >= len(committed)
-		mu.Unlock()
-		if done {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	took := time.Since(start)
-	mu.Lock()
-	for id, at := range committed {
-		if t, ok := inStream[id]; ok {
-			toStream = append(toStream, t.Sub(at))
-		}
-		if t, ok := judged[id]; ok {
-			toVerdict = append(toVerdict, t.Sub(at))
-		}
-	}
-	settled := len(committed)
-	mu.Unlock()
-	if len(toStream) < settled || len(toVerdict) < settled {
-		return nil, fmt.Errorf("only %d of %d events reached the stream and %d anti-fraud within 30s", len(toStream), settled, len(toVerdict))
-	}
-	settings := map[string]any{"rate": rate, "relays": 1, "consumers": 1}
-	return []Result{
-		percentiles("latency_commit_to_stream", toStream, took, settings),
-		percentiles("latency_commit_to_verdict", toVerdict, took, settings),
-	}, nil
-}
-
+// percentiles fills a Result from latencies (nearest rank). n and the rate
+// are len(xs) over took.
 func percentiles(scenario string, xs []time.Duration, took time.Duration, settings map[string]any) Result {
 	slices.Sort(xs)
 	q := func(p float64) float64 {
 		if len(xs) == 0 {
 			return 0
 		}
-		return float64(xs[min(len(xs)-1, int(p*float64(len(xs))))].Microseconds()) / 1000
+		i := int(math.Ceil(p*float64(len(xs)))) - 1
+		return ms(xs[min(max(i, 0), len(xs)-1)])
 	}
-	return Result{Scenario: scenario, N: len(xs), Seconds: took.Seconds(), EventsPerS: float64(len(xs)) / took.Seconds(),
+	r := Result{Scenario: scenario, N: len(xs), Seconds: took.Seconds(),
 		P50Ms: q(0.5), P90Ms: q(0.9), P99Ms: q(0.99), MaxMs: q(1), Settings: settings}
+	if took > 0 {
+		r.EventsPerS = float64(len(xs)) / took.Seconds()
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func ptr[T any](v T) *T { return &v }
+
+// Repeat runs a scenario runs times and combines the i-th results of every
+// run: each figure becomes the median of the runs' (a boolean is true only
+// if it is true in every run) and Runs lists the runs' own results. A
+// scenario must return the same cases, in the same order, every run. Runs of
+// a many-case scenario (writers) thus alternate its cases rather than
+// repeating one case back to back.
+func Repeat(runs int, scenario func() ([]Result, error)) ([]Result, error) {
+	var all [][]Result
+	for range max(runs, 1) {
+		rs, err := scenario()
+		if err != nil {
+			return nil, err
+		}
+		if len(all) > 0 && len(rs) != len(all[0]) {
+			return nil, fmt.Errorf("bench: run %d returned %d results, the first %d", len(all)+1, len(rs), len(all[0]))
+		}
+		all = append(all, rs)
+	}
+	if len(all) == 1 {
+		return all[0], nil
+	}
+	out := make([]Result, len(all[0]))
+	for i := range out {
+		runs := make([]Result, len(all))
+		for r := range all {
+			runs[r] = all[r][i]
+		}
+		out[i] = combine(runs)
+	}
+	return out, nil
+}
+
+func combine(runs []Result) Result {
+	c := runs[0]
+	c.Settings = runs[0].Settings
+	c.N = int(math.Round(median(runs, func(r Result) float64 { return float64(r.N) })))
+	c.Seconds = median(runs, func(r Result) float64 { return r.Seconds })
+	c.EventsPerS = median(runs, func(r Result) float64 { return r.EventsPerS })
+	c.P50Ms = median(runs, func(r Result) float64 { return r.P50Ms })
+	c.P90Ms = median(runs, func(r Result) float64 { return r.P90Ms })
+	c.P99Ms = median(runs, func(r Result) float64 { return r.P99Ms })
+	c.MaxMs = median(runs, func(r Result) float64 { return r.MaxMs })
+	c.RatioToOff = medianPtr(runs, func(r Result) *float64 { return r.RatioToOff })
+	c.MaxScheduleLagMs = medianPtr(runs, func(r Result) *float64 { return r.MaxScheduleLagMs })
+	c.Errors = medianInt(runs, func(r Result) *int64 { return r.Errors })
+	c.BacklogAtEnd = medianInt(runs, func(r Result) *int64 { return r.BacklogAtEnd })
+	c.PollsWithWork = medianInt(runs, func(r Result) *int64 { return r.PollsWithWork })
+	c.MaxBacklog = medianInt(runs, func(r Result) *int64 { return r.MaxBacklog })
+	c.Duplicates = medianInt(runs, func(r Result) *int64 { return r.Duplicates })
+	c.PeakRSSKB = medianInt(runs, func(r Result) *int64 { return r.PeakRSSKB })
+	c.RSSBeforeKB = medianInt(runs, func(r Result) *int64 { return r.RSSBeforeKB })
+	if runs[0].BacklogBounded != nil {
+		all := true
+		for _, r := range runs {
+			all = all && r.BacklogBounded != nil && *r.BacklogBounded
+		}
+		c.BacklogBounded = &all
+	}
+	c.Runs = make([]Result, len(runs))
+	for i, r := range runs {
+		r.Runs = nil
+		c.Runs[i] = r
+	}
+	return c
+}
+
+// median of f over runs: the middle value, or the mean of the two middle
+// values of an even count.
+func median(runs []Result, f func(Result) float64) float64 {
+	xs := make([]float64, len(runs))
+	for i, r := range runs {
+		xs[i] = f(r)
+	}
+	slices.Sort(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
+}
+
+func medianPtr(runs []Result, f func(Result) *float64) *float64 {
+	if f(runs[0]) == nil {
+		return nil
+	}
+	return ptr(median(runs, func(r Result) float64 {
+		if p := f(r); p != nil {
+			return *p
+		}
+		return 0
+	}))
+}
+
+func medianInt(runs []Result, f func(Result) *int64) *int64 {
+	m := medianPtr(runs, func(r Result) *float64 {
+		if p := f(r); p != nil {
+			return ptr(float64(*p))
+		}
+		return nil
+	})
+	if m == nil {
+		return nil
+	}
+	return ptr(int64(math.Round(*m)))
 }

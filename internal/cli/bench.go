@@ -3,42 +3,112 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/tedbank/outbox/internal/bench"
 	"github.com/tedbank/outbox/internal/connect"
 )
 
+// benchScenarios are the scenarios of 'outbox bench', in the order of -h.
+var benchScenarios = []string{"writers", "latency", "drain", "consume", "sustained"}
+
 func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || (args[0] != "drain" && args[0] != "latency") {
-		return usagef("want a scenario: 'outbox bench drain' or 'outbox bench latency'")
+	if len(args) == 0 || !slices.Contains(benchScenarios, args[0]) {
+		return usagef("want a scenario: 'outbox bench %s'", strings.Join(benchScenarios, "|"))
 	}
 	scenario := args[0]
 	var c common
 	fs := e.flags("bench "+scenario, &c)
 	asJSON := fs.Bool("json", false, "print one JSON line per result")
-	var n, relays, batch *int
-	var rate *float64
-	if scenario == "drain" {
+	runs := fs.Int("runs", 1, "run each case this many times and report the medians (every run's figures under runs)")
+	var (
+		n, relays, batch, consumers  *int
+		rate, dup                    *float64
+		duration, poll               *time.Duration
+		writersList, modesList, mode *string
+		writerCounts                 []int
+		modes                        []string
+		maxWriters, maxConsumers     = 256, 64
+		maxRelays, maxBatch, maxRuns = 64, 10_000, 100
+	)
+	switch scenario {
+	case "writers":
+		writersList = fs.String("writers", "1,8,32", "comma-separated concurrent writer counts, one case each")
+		modesList = fs.String("modes", "off,always,idle", "comma-separated notify modes (outbox_notify_mode), one case each")
+		duration = fs.Duration("duration", 10*time.Second, "how long the writers commit in each case")
+		poll = fs.Duration("poll", 5*time.Second, "the relay's fallback poll interval")
+	case "latency":
+		n = fs.Int("n", 2_000, "TEDs to settle")
+		rate = fs.Float64("rate", 200, "TEDs per second (open-loop schedule)")
+		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
+	case "drain":
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
 		batch = fs.Int("batch", 500, "relay batch size")
-	} else {
-		n = fs.Int("n", 2_000, "TEDs to settle")
-		rate = fs.Float64("rate", 200, "TEDs per second")
+	case "consume":
+		n = fs.Int("n", 20_000, "stream entries to preload, duplicates included")
+		consumers = fs.Int("consumers", 1, "anti-fraud consumers of the group")
+		batch = fs.Int("batch", 100, "entries per consumer read")
+		dup = fs.Float64("duplicates", 0.05, "fraction of the entries that re-add an earlier entry's event")
+	case "sustained":
+		rate = fs.Float64("rate", 500, "TEDs per second (open-loop schedule)")
+		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
+		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 	}
 	if err := e.parse(fs, args[1:]); err != nil {
 		return err
 	}
 	switch {
-	case *n <= 0:
+	case *runs < 1 || *runs > maxRuns:
+		return usagef("--runs must be between 1 and %d", maxRuns)
+	case n != nil && *n <= 0:
 		return usagef("--n must be positive")
-	case relays != nil && (*relays <= 0 || *relays > 64):
-		return usagef("--relays must be between 1 and 64")
-	case batch != nil && (*batch <= 0 || *batch > 10_000):
-		return usagef("--batch must be between 1 and 10000")
+	case relays != nil && (*relays <= 0 || *relays > maxRelays):
+		return usagef("--relays must be between 1 and %d", maxRelays)
+	case batch != nil && (*batch <= 0 || *batch > maxBatch):
+		return usagef("--batch must be between 1 and %d", maxBatch)
+	case consumers != nil && (*consumers <= 0 || *consumers > maxConsumers):
+		return usagef("--consumers must be between 1 and %d", maxConsumers)
 	case rate != nil && *rate <= 0:
 		return usagef("--rate must be positive")
+	case dup != nil && (*dup < 0 || *dup >= 1):
+		return usagef("--duplicates must be at least 0 and below 1")
+	case duration != nil && *duration < 100*time.Millisecond:
+		return usagef("--duration must be at least 100ms")
+	case poll != nil && *poll < time.Millisecond:
+		return usagef("--poll must be at least 1ms")
+	}
+	if mode != nil && *mode != "" && *mode != "off" && *mode != "always" && *mode != "idle" {
+		return usagef("--mode %q: want off, always or idle", *mode)
+	}
+	if writersList != nil {
+		for _, f := range strings.Split(*writersList, ",") {
+			w, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || w < 1 || w > maxWriters {
+				return usagef("--writers %q: want comma-separated counts between 1 and %d", *writersList, maxWriters)
+			}
+			writerCounts = append(writerCounts, w)
+		}
+		for _, f := range strings.Split(*modesList, ",") {
+			m := strings.TrimSpace(f)
+			if m != "off" && m != "always" && m != "idle" {
+				return usagef("--modes %q: want comma-separated modes among off, always and idle", *modesList)
+			}
+			modes = append(modes, m)
+		}
+	}
+	// The relays and consumers under measurement log their warnings and
+	// errors only, unless a level is asked for: an info line per reviewed TED
+	// would be measured too.
+	levelSet := e.getenv("OUTBOX_LOG_LEVEL") != ""
+	fs.Visit(func(f *flag.Flag) { levelSet = levelSet || f.Name == "log-level" })
+	if !levelSet {
+		c.logLevel = "warn"
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
@@ -50,34 +120,91 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	pool.Close()
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-bench", NoRetries: true, PoolSize: 64})
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-bench", NoRetries: true, PoolSize: 128})
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
 	env := bench.Env{AdminURL: c.databaseURL, Redis: rdb, Log: log}
 
-	var results []bench.Result
-	if scenario == "drain" {
-		r, err := bench.Drain(ctx, env, *n, *relays, *batch)
-		if err != nil {
-			return err
+	one := func(r bench.Result, err error) ([]bench.Result, error) { return []bench.Result{r}, err }
+	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {
+		switch scenario {
+		case "writers":
+			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll})
+		case "latency":
+			return bench.Latency(ctx, env, *rate, *n, *mode)
+		case "drain":
+			return one(bench.Drain(ctx, env, *n, *relays, *batch))
+		case "consume":
+			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup))
+		default:
+			return one(bench.Sustained(ctx, env, *rate, *duration, *mode))
 		}
-		results = []bench.Result{r}
-	} else {
-		if results, err = bench.Latency(ctx, env, *rate, *n); err != nil {
-			return err
-		}
+	})
+	if err != nil {
+		return err
 	}
-	for _, r := range results {
-		if *asJSON {
-			if err := json.NewEncoder(e.stdout).Encode(r); err != nil {
+	bench.SetRatios(results)
+	for i := range results {
+		results[i].Settings["runs"] = *runs
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		for _, r := range results {
+			if err := enc.Encode(r); err != nil {
 				return err
 			}
-			continue
 		}
-		fmt.Fprintf(e.stdout, "%-26s n=%-7d %9.0f events/s  p50 %7.2f ms  p90 %7.2f ms  p99 %7.2f ms  max %7.2f ms  %v\n",
-			r.Scenario, r.N, r.EventsPerS, r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs, r.Settings)
+		return nil
+	}
+	return printBenchTable(e, results)
+}
+
+// printBenchTable prints one row per result: the contract's figures, then the
+// scenario-specific ones and the settings.
+func printBenchTable(e *env, results []bench.Result) error {
+	const row = "%-26s %8s %10s %9s %9s %9s %9s  %s\n"
+	fmt.Fprintf(e.stdout, row, "scenario", "n", "events/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "")
+	for _, r := range results {
+		var notes []string
+		if r.RatioToOff != nil {
+			notes = append(notes, fmt.Sprintf("ratio_to_off=%.2f", *r.RatioToOff))
+		}
+		for _, f := range []struct {
+			name string
+			v    *int64
+		}{
+			{"errors", r.Errors}, {"backlog_at_end", r.BacklogAtEnd}, {"polls_with_work", r.PollsWithWork},
+			{"max_backlog", r.MaxBacklog}, {"duplicates", r.Duplicates}, {"peak_rss_kb", r.PeakRSSKB}, {"rss_before_kb", r.RSSBeforeKB},
+		} {
+			if f.v != nil {
+				notes = append(notes, fmt.Sprintf("%s=%d", f.name, *f.v))
+			}
+		}
+		if r.MaxScheduleLagMs != nil {
+			notes = append(notes, fmt.Sprintf("max_schedule_lag_ms=%.1f", *r.MaxScheduleLagMs))
+		}
+		if r.BacklogBounded != nil {
+			notes = append(notes, fmt.Sprintf("backlog_bounded=%t", *r.BacklogBounded))
+		}
+		keys := make([]string, 0, len(r.Settings))
+		for k := range r.Settings {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			notes = append(notes, fmt.Sprintf("%s=%v", k, r.Settings[k]))
+		}
+		if len(r.Runs) > 0 {
+			per := make([]string, len(r.Runs))
+			for i, run := range r.Runs {
+				per[i] = fmt.Sprintf("%.0f", run.EventsPerS)
+			}
+			notes = append(notes, "events/s of the runs="+strings.Join(per, "/"))
+		}
+		fmt.Fprintf(e.stdout, row, r.Scenario, strconv.Itoa(r.N), fmt.Sprintf("%.0f", r.EventsPerS), fmt.Sprintf("%.2f", r.P50Ms),
+			fmt.Sprintf("%.2f", r.P90Ms), fmt.Sprintf("%.2f", r.P99Ms), fmt.Sprintf("%.2f", r.MaxMs), strings.Join(notes, " "))
 	}
 	return nil
 }

@@ -9,42 +9,134 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
+// benchLines runs one bench command line and decodes its JSON lines, checking
+// the contract's fields on each.
+func benchLines(t *testing.T, vars map[string]string, args ...string) []bench.Result {
+	t.Helper()
+	code, stdout, stderr := run(t, vars, args...)
+	if code != exitOK {
+		t.Fatalf("%v: exit %d: %s", args, code, stderr)
+	}
+	var out []bench.Result
+	for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var r bench.Result
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil || json.Unmarshal([]byte(line), &raw) != nil {
+			t.Fatalf("%v: not JSON: %s", args, line)
+		}
+		for _, k := range []string{"scenario", "n", "seconds", "events_per_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "settings"} {
+			if _, ok := raw[k]; !ok {
+				t.Errorf("%v: result lacks %q: %s", args, k, line)
+			}
+		}
+		if r.EventsPerS <= 0 || r.N <= 0 || r.Seconds <= 0 || r.Settings == nil {
+			t.Errorf("%v: result %s", args, line)
+		}
+		if r.P50Ms > r.P90Ms || r.P90Ms > r.P99Ms || r.P99Ms > r.MaxMs {
+			t.Errorf("%v: percentiles out of order: %s", args, line)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func scenarios(rs []bench.Result) string {
+	var s []string
+	for _, r := range rs {
+		s = append(s, r.Scenario)
+	}
+	return strings.Join(s, ",")
+}
+
 // The harness runs each scenario in a database of its own and prints one
-// JSON line per result with the contract's fields.
+// JSON line per result with the contract's fields. Tiny sizes: this checks
+// the harness, not the figures.
 func TestBenchJSON(t *testing.T) {
 	vars := map[string]string{"DATABASE_URL": outboxtest.PostgresURL(t), "REDIS_URL": outboxtest.NewRedis(t).URL}
-	for _, c := range []struct {
-		args      []string
-		scenarios []string
-	}{
-		{[]string{"bench", "drain", "--n", "300", "--relays", "2", "--json"}, []string{"drain"}},
-		{[]string{"bench", "latency", "--rate", "200", "--n", "40", "--json"}, []string{"latency_commit_to_stream", "latency_commit_to_verdict"}},
+
+	t.Run("drain", func(t *testing.T) {
+		rs := benchLines(t, vars, "bench", "drain", "--n", "300", "--relays", "2", "--json")
+		if scenarios(rs) != "drain" || rs[0].N != 300 || rs[0].Settings["relays"] != float64(2) {
+			t.Fatalf("%+v", rs)
+		}
+		if rs[0].PeakRSSKB == nil || *rs[0].PeakRSSKB <= 0 {
+			t.Errorf("no peak_rss_kb: %+v", rs[0])
+		}
+	})
+	t.Run("latency", func(t *testing.T) {
+		rs := benchLines(t, vars, "bench", "latency", "--rate", "200", "--n", "40", "--json")
+		if scenarios(rs) != "latency_commit_to_stream,latency_commit_to_verdict" {
+			t.Fatalf("%+v", rs)
+		}
+		for _, r := range rs {
+			if r.N != 40 || r.MaxMs <= 0 || r.PollsWithWork == nil || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 {
+				t.Errorf("%+v", r)
+			}
+		}
+	})
+	t.Run("consume", func(t *testing.T) {
+		rs := benchLines(t, vars, "bench", "consume", "--n", "200", "--consumers", "2", "--duplicates", "0.1", "--runs", "2", "--json")
+		if scenarios(rs) != "consume" {
+			t.Fatalf("%+v", rs)
+		}
+		r := rs[0]
+		if r.N != 200 || r.Duplicates == nil || *r.Duplicates != 20 || len(r.Runs) != 2 || r.Settings["runs"] != float64(2) {
+			t.Fatalf("%+v", r)
+		}
+		for _, run := range r.Runs {
+			if run.N != 200 || run.EventsPerS <= 0 {
+				t.Errorf("run %+v", run)
+			}
+		}
+	})
+	t.Run("sustained", func(t *testing.T) {
+		rs := benchLines(t, vars, "bench", "sustained", "--rate", "100", "--duration", "500ms", "--json")
+		if scenarios(rs) != "sustained" {
+			t.Fatalf("%+v", rs)
+		}
+		r := rs[0]
+		if r.N != 50 || r.MaxBacklog == nil || r.BacklogBounded == nil || r.MaxMs <= 0 {
+			t.Fatalf("%+v", r)
+		}
+	})
+	t.Run("writers", func(t *testing.T) {
+		rs := benchLines(t, vars, "bench", "writers", "--writers", "1,2", "--modes", "off,idle",
+			"--duration", "300ms", "--poll", "100ms", "--json")
+		if scenarios(rs) != "writers,writers,writers,writers" {
+			t.Fatalf("%+v", rs)
+		}
+		want := []struct {
+			writers float64
+			mode    string
+		}{{1, "off"}, {1, "idle"}, {2, "off"}, {2, "idle"}}
+		for i, r := range rs {
+			if r.Settings["writers"] != want[i].writers || r.Settings["mode"] != want[i].mode || r.MaxMs <= 0 ||
+				r.RatioToOff == nil || r.BacklogAtEnd == nil || r.Errors == nil || *r.Errors != 0 {
+				t.Errorf("case %d: %+v", i, r)
+			}
+			if want[i].mode == "off" && *r.RatioToOff != 1 {
+				t.Errorf("case %d: ratio_to_off %v, want 1", i, *r.RatioToOff)
+			}
+		}
+	})
+	t.Run("table", func(t *testing.T) {
+		code, stdout, stderr := run(t, vars, "bench", "consume", "--n", "50")
+		if code != exitOK || !strings.HasPrefix(stdout, "scenario") || !strings.Contains(stdout, "duplicates=") {
+			t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+		}
+	})
+
+	for _, args := range [][]string{
+		{"bench", "nope"},
+		{"bench"},
+		{"bench", "writers", "--writers", "0"},
+		{"bench", "writers", "--modes", "off,sometimes"},
+		{"bench", "consume", "--duplicates", "1"},
+		{"bench", "sustained", "--duration", "0s"},
+		{"bench", "drain", "--runs", "0"},
 	} {
-		code, stdout, stderr := run(t, vars, c.args...)
-		if code != exitOK {
-			t.Fatalf("%v: exit %d: %s", c.args, code, stderr)
+		if code, stdout, _ := run(t, vars, args...); code != exitUsage || stdout != "" {
+			t.Errorf("%v: exit %d, want 2", args, code)
 		}
-		lines := strings.Split(strings.TrimSpace(stdout), "\n")
-		if len(lines) != len(c.scenarios) {
-			t.Fatalf("%v: %d lines, want %d:\n%s", c.args, len(lines), len(c.scenarios), stdout)
-		}
-		for i, line := range lines {
-			var r bench.Result
-			var raw map[string]any
-			if err := json.Unmarshal([]byte(line), &r); err != nil || json.Unmarshal([]byte(line), &raw) != nil {
-				t.Fatalf("%v: not JSON: %s", c.args, line)
-			}
-			for _, k := range []string{"scenario", "n", "events_per_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "settings"} {
-				if _, ok := raw[k]; !ok {
-					t.Errorf("%v: result lacks %q: %s", c.args, k, line)
-				}
-			}
-			if r.Scenario != c.scenarios[i] || r.EventsPerS <= 0 || r.N <= 0 {
-				t.Errorf("%v: result %+v", c.args, r)
-			}
-		}
-	}
-	if code, _, _ := run(t, vars, "bench", "nope"); code != exitUsage {
-		t.Fatalf("unknown scenario: exit %d, want 2", code)
 	}
 }

@@ -51,7 +51,7 @@ func commands() []command {
 		{"dead", "'dead list' shows dead events; 'dead retry <id>... | --all' requeues them", runDead},
 		{"cleanup", "delete published rows older than --older-than, in small batches", runCleanup},
 		{"demo", "walk through settled TEDs end to end", runDemo},
-		{"bench", "measure: 'bench drain' (backlog drain rate), 'bench latency' (commit → stream, → verdict)", runBench},
+		{"bench", "measure: 'bench writers|latency|drain|consume|sustained' (see docs/benchmarks.md)", runBench},
 	}
 }
 

@@ -1,0 +1,127 @@
+package fraud
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+// Benchmarks of the consumer's hot path against the real Redis of
+// outboxtest (go test -bench . ./fraud). They only run with -bench.
+
+const benchBatch = DefaultBatchSize // entries per read, as the consumer runs by default
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func benchEvents(n, accounts int) []Event {
+	now := time.Now().UTC()
+	evs := make([]Event, n)
+	for i := range evs {
+		from := rand.IntN(accounts)
+		evs[i] = Event{EventID: uuid.New(), TransferID: uuid.New(), FromAccount: fmt.Sprintf("acct-%04d", from),
+			ToAccount: fmt.Sprintf("acct-%04d", (from+1)%accounts), AmountCents: 1 + rand.Int64N(1_000_000),
+			Currency: "BRL", SettledAt: now}
+	}
+	return evs
+}
+
+// BenchmarkEffectScript times one pipelined round trip of the effect script
+// for a batch of events, as handle sends it: fresh events ("new", each
+// applied) and the same events again ("duplicate", each skipped).
+func BenchmarkEffectScript(b *testing.B) {
+	for _, dup := range []bool{false, true} {
+		name := "new"
+		if dup {
+			name = "duplicate"
+		}
+		b.Run(name, func(b *testing.B) {
+			rdb := outboxtest.NewRedis(b)
+			ctx := context.Background()
+			c, err := New(rdb.Client, Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := effectScript.Load(ctx, rdb.Client).Err(); err != nil {
+				b.Fatal(err)
+			}
+			apply := func(evs []Event, wantDup bool) {
+				cmds := make([]*redis.Cmd, len(evs))
+				if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for i, ev := range evs {
+						cmds[i] = effectScript.EvalSha(ctx, p, c.effectKeys(ev), c.effectArgs(ev)...)
+					}
+					return nil
+				}); err != nil {
+					b.Fatal(err)
+				}
+				for _, cmd := range cmds {
+					if out, err := cmd.Int(); err != nil || (out == outcomeDuplicate) != wantDup {
+						b.Fatalf("outcome %d, err %v", out, err)
+					}
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				evs := benchEvents(benchBatch, 1000)
+				if dup {
+					apply(evs, false)
+				}
+				b.StartTimer()
+				apply(evs, dup)
+			}
+			b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkConsumerReadNew times one ReadNew of a batch of new entries: the
+// XREADGROUP, the pipelined effect scripts and the XACK. The entries are
+// added, untimed, before each read.
+func BenchmarkConsumerReadNew(b *testing.B) {
+	rdb := outboxtest.NewRedis(b)
+	ctx := context.Background()
+	stream := rdb.Prefix + "outbox.event.transfer"
+	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Block: time.Second, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		pipe := rdb.Pipeline()
+		for _, ev := range benchEvents(benchBatch, 1000) {
+			payload := fmt.Sprintf(`{"schema_version":1,"event_id":%q,"transfer_id":%q,"from_account":%q,"to_account":%q,"amount_cents":%d,"currency":"BRL","settled_at":%q}`,
+				ev.EventID, ev.TransferID, ev.FromAccount, ev.ToAccount, ev.AmountCents, ev.SettledAt.Format(time.RFC3339Nano))
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []any{
+				"event_id", ev.EventID.String(), "event_type", "transfer.settled", "aggregate_type", "transfer",
+				"aggregate_id", ev.TransferID.String(), "payload", payload, "headers", "{}",
+				"occurred_at", ev.SettledAt.Format(time.RFC3339Nano), "seq", 1}})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		n, err := c.ReadNew(ctx)
+		if err != nil || n != benchBatch {
+			b.Fatalf("read %d entries, err %v", n, err)
+		}
+	}
+	b.StopTimer()
+	if st := c.Stats(); st.Processed != int64(b.N*benchBatch) {
+		b.Fatalf("processed %d, want %d", st.Processed, b.N*benchBatch)
+	}
+	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
+}

@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// Consume preloads n transfer.settled entries into a stream — round(n*dup) of
+// them re-adds of an earlier entry's event (a relay's duplicate), the rest
+// distinct — with pipelined XADDs of 500 shaped as the relay writes them, then
+// runs K anti-fraud consumers of one group and times them until every entry
+// is processed and acknowledged. events_per_s counts entries, duplicates
+// included; the consumers' own counters must then show every distinct event
+// applied once and every duplicate skipped, or it is an error.
+func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64) (Result, error) {
+	s, err := e.open(ctx, "consume", 2)
+	if err != nil {
+		return Result{}, err
+	}
+	defer s.close()
+	stream := s.prefix + transfer.AggregateType
+	dups := int(math.Round(float64(n) * dup))
+	if n-dups < 1 {
+		return Result{}, fmt.Errorf("want at least one distinct event, not %d duplicates of %d", dups, n)
+	}
+	if err := preload(ctx, s.rdb, stream, n, dups); err != nil {
+		return Result{}, fmt.Errorf("preload the stream: %w", err)
+	}
+
+	cs := make([]*fraud.Consumer, consumers)
+	for i := range cs {
+		if cs[i], err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:",
+			Consumer: fmt.Sprintf("bench-%d", i), BatchSize: batch, Block: 100 * time.Millisecond, Logger: e.Log}); err != nil {
+			return Result{}, err
+		}
+	}
+	if err := cs[0].EnsureGroup(ctx); err != nil {
+		return Result{}, err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rssBefore, rssOK := startRSS()
+	start := time.Now()
+	for _, c := range cs {
+		wg.Go(func() { _ = c.Run(cctx) })
+	}
+	var processed, duplicates int64
+	for {
+		processed, duplicates = 0, 0
+		for _, c := range cs {
+			st := c.Stats()
+			processed += st.Processed
+			duplicates += st.Duplicates
+		}
+		// The counters move before the batch's XACK: done when nothing is
+		// left pending either.
+		if processed+duplicates >= int64(n) {
+			p, err := s.rdb.XPending(ctx, stream, cs[0].Config().Group).Result()
+			if err == nil && p.Count == 0 {
+				break
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return Result{}, err
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	took := time.Since(start)
+	res := Result{Scenario: "consume", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
+		Settings: map[string]any{"consumers": consumers, "batch": batch, "duplicate_fraction": dup, "distinct": n - dups}}
+	stopRSS(&res, rssBefore, rssOK)
+	cancel()
+	wg.Wait()
+	if processed != int64(n-dups) || duplicates != int64(dups) {
+		return Result{}, fmt.Errorf("the consumers applied %d and skipped %d; want %d applied and %d skipped", processed, duplicates, n-dups, dups)
+	}
+	res.Duplicates = ptr(duplicates)
+	return res, nil
+}
+
+// preload XADDs n entries, dups of them copies of an earlier entry's event.
+func preload(ctx context.Context, rdb *redis.Client, stream string, n, dups int) error {
+	isDup := make([]bool, n)
+	for _, i := range rand.Perm(n - 1)[:dups] {
+		isDup[i+1] = true // never the first
+	}
+	var (
+		events [][]any // earlier entries' values, for the duplicates
+		pipe   = rdb.Pipeline()
+		seq    int64
+	)
+	flush := func() error {
+		if pipe.Len() == 0 {
+			return nil
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	now := time.Now().UTC()
+	for i := range n {
+		var values []any
+		if isDup[i] {
+			values = events[rand.IntN(len(events))]
+		} else {
+			seq++
+			from := rand.IntN(1000)
+			ev := transfer.SettledEvent{SchemaVersion: transfer.SchemaVersion, EventID: uuid.New(), TransferID: uuid.New(),
+				FromAccount: fmt.Sprintf("acct-%03d", from), ToAccount: fmt.Sprintf("acct-%03d", (from+1+rand.IntN(999))%1000),
+				AmountCents: amount(), Currency: transfer.DefaultCurrency, SettledAt: now}
+			payload, err := json.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			values = []any{"event_id", ev.EventID.String(), "event_type", transfer.EventSettled,
+				"aggregate_type", transfer.AggregateType, "aggregate_id", ev.TransferID.String(),
+				"payload", payload, "headers", `{"schema_version":"1"}`,
+				"occurred_at", now.Format(time.RFC3339Nano), "seq", seq}
+			events = append(events, values)
+		}
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values})
+		if pipe.Len() == 500 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}

@@ -1,0 +1,213 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// flow is one relay (default configuration but for its stream prefix) and one
+// anti-fraud consumer running on a space, recording when each event was
+// committed (Settle returned), first seen in the stream (by a separate XREAD
+// reader, when asked for) and first judged by the consumer.
+type flow struct {
+	s        *space
+	relay    *relay.Relay
+	consumer *fraud.Consumer
+	reader   bool
+	errs     atomic.Int64
+
+	mu                          sync.Mutex
+	committed, inStream, judged map[uuid.UUID]time.Time
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error) {
+	f := &flow{s: s, reader: reader, committed: map[uuid.UUID]time.Time{},
+		inStream: map[uuid.UUID]time.Time{}, judged: map[uuid.UUID]time.Time{}}
+	stream := s.prefix + transfer.AggregateType
+	var err error
+	f.relay, err = relay.New(s.pool, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log})
+	if err != nil {
+		return nil, err
+	}
+	f.consumer, err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
+		Block: 200 * time.Millisecond, Logger: e.Log,
+		OnProcessed: func(ev fraud.Event, outcome string) {
+			now := time.Now()
+			f.mu.Lock()
+			if _, seen := f.judged[ev.EventID]; !seen {
+				f.judged[ev.EventID] = now
+			}
+			f.mu.Unlock()
+		}})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.consumer.EnsureGroup(ctx); err != nil {
+		return nil, err
+	}
+	f.ctx, f.cancel = context.WithCancel(ctx)
+	if reader {
+		// Blocking XREAD from the start of the stream, matching event ids.
+		f.wg.Go(func() {
+			last := "0"
+			for f.ctx.Err() == nil {
+				res, err := s.rdb.XRead(f.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 1000, Block: 200 * time.Millisecond}).Result()
+				if err != nil || len(res) == 0 {
+					continue
+				}
+				now := time.Now()
+				f.mu.Lock()
+				for _, m := range res[0].Messages {
+					last = m.ID
+					raw, _ := m.Values["event_id"].(string)
+					if id, err := uuid.Parse(raw); err == nil {
+						if _, seen := f.inStream[id]; !seen {
+							f.inStream[id] = now
+						}
+					}
+				}
+				f.mu.Unlock()
+			}
+		})
+	}
+	f.wg.Go(func() { _ = f.relay.Run(f.ctx) })
+	f.wg.Go(func() { _ = f.consumer.Run(f.ctx) })
+	for !f.relay.Stats().ListenUp {
+		if err := f.ctx.Err(); err != nil {
+			f.stop()
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return f, nil
+}
+
+func (f *flow) stop() {
+	f.cancel()
+	f.wg.Wait()
+}
+
+// settle settles one random TED and records its commit time.
+func (f *flow) settle() {
+	from := rand.IntN(1000)
+	t := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%03d", from),
+		ToAccount: fmt.Sprintf("acct-%03d", (from+1+rand.IntN(999))%1000), AmountCents: amount()}
+	res, err := transfer.Settle(f.ctx, f.s.pool, t)
+	now := time.Now()
+	if err != nil {
+		if f.ctx.Err() == nil {
+			f.errs.Add(1)
+		}
+		return
+	}
+	f.mu.Lock()
+	f.committed[res.EventID] = now
+	f.mu.Unlock()
+}
+
+// wait waits until every committed event was judged (and seen by the reader),
+// for at most timeout.
+func (f *flow) wait(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		f.mu.Lock()
+		c, s, j := len(f.committed), len(f.inStream), len(f.judged)
+		f.mu.Unlock()
+		if j >= c && (!f.reader || s >= c) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if f.reader {
+				return fmt.Errorf("after %s only %d of %d events reached the stream and %d anti-fraud", timeout, s, c, j)
+			}
+			return fmt.Errorf("after %s only %d of %d events reached anti-fraud", timeout, j, c)
+		}
+		if err := f.ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// latencies returns commit → stream entry and commit → verdict of every
+// committed event.
+func (f *flow) latencies() (toStream, toVerdict []time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, at := range f.committed {
+		if t, ok := f.inStream[id]; ok {
+			toStream = append(toStream, t.Sub(at))
+		}
+		if t, ok := f.judged[id]; ok {
+			toVerdict = append(toVerdict, t.Sub(at))
+		}
+	}
+	return toStream, toVerdict
+}
+
+// openLoop calls fn n times on its own goroutine each, the i-th at start +
+// i/rate whatever the earlier calls are doing (an open-loop schedule: a slow
+// commit delays no other TED), and waits for them. It returns how late the
+// schedule started a call at worst.
+func openLoop(ctx context.Context, rate float64, n int, fn func()) (maxLag time.Duration, err error) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	start := time.Now()
+	for i := range n {
+		at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		if d := time.Until(at); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-ctx.Done():
+				return maxLag, ctx.Err()
+			case <-timer.C:
+			}
+		}
+		maxLag = max(maxLag, time.Since(at))
+		if err := ctx.Err(); err != nil {
+			return maxLag, err
+		}
+		wg.Go(fn)
+	}
+	return maxLag, nil
+}
+
+// amount draws a TED's amount: 1% above anti-fraud's single-TED limit (sent
+// to review, with an alert), the rest up to R$ 2.000, so that the review path
+// is a small share and the velocity rule (R$ 100.000 per sender and hour, 1000
+// senders) seldom trips.
+func amount() int64 {
+	if rand.IntN(100) == 0 {
+		return fraud.DefaultAmountLimitCents + 1 + rand.Int64N(1_000_000)
+	}
+	return 1 + rand.Int64N(200_000)
+}
+
+// modeName is the notify mode a run used: empty means the migrations' default.
+func modeName(mode string) string {
+	if mode == "" {
+		return "default"
+	}
+	return mode
+}
+
+var errNoEvents = errors.New("no TED was settled")
