@@ -266,12 +266,14 @@ const (
 // relay that crashed while draining left writers silent.
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn time.Duration, err error) {
 	op := flagNone
-	switch {
-	case polled:
+	if polled {
 		op = flagSleep
-	case r.asleep:
-		op = flagBusy
 	}
+	// A wake-up usually finds one small batch; saying "busy" and "asleep"
+	// around it would cost two statements and buy nothing. Writers are told
+	// to stop notifying only once a second claim in a row finds rows: the
+	// relay is then draining a stream of commits.
+	nonEmpty := 0
 	failures := 0
 	var pending *pendingMark // the last batch's mark, sent with the next claim
 	flush := func() error {  // sends it on its own
@@ -325,7 +327,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			op = flagSleep
 		default:
 			failures = 0
-			if r.asleep {
+			if nonEmpty++; r.asleep && nonEmpty >= 2 {
 				op = flagBusy
 			}
 		}
