@@ -273,7 +273,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 	// around it would cost two statements and buy nothing. Writers are told
 	// to stop notifying only once a second claim in a row finds rows: the
 	// relay is then draining a stream of commits.
-	nonEmpty := 0
+	nonEmpty, lingered := 0, 0
 	failures := 0
 	var pending *pendingMark // the last batch's mark, sent with the next claim
 	flush := func() error {  // sends it on its own
@@ -301,9 +301,12 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			case flagBusy:
 				r.asleep = false
 			case flagSleep:
-				r.asleep = true
+				// Not asleep yet if a writer that saw us busy is still in
+				// its transaction: claim again a little later.
+				r.asleep = res.Slept
 			}
 		}
+		sent := op
 		op = flagNone
 		published += res.Published
 		if res.RetryIn > 0 && (retryIn == 0 || res.RetryIn < retryIn) {
@@ -323,10 +326,23 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			retry.Sleep(ctx, d)
 		case res.Claimed == 0 && r.asleep:
 			return published, retryIn, nil
+		case res.Claimed == 0 && lingered < busyLingerClaims:
+			// Busy, and the claim came back empty: commits arrive in waves
+			// (one per WAL flush), so wait a little for the next one before
+			// asking writers to notify again. Each NOTIFY costs its writer a
+			// flush of its own.
+			lingered++
+			retry.Sleep(ctx, busyLingerStep)
 		case res.Claimed == 0:
+			if sent == flagSleep {
+				// The sleep found writers that saw us busy still in their
+				// transactions: try again a little later.
+				lingered++
+				retry.Sleep(ctx, retry.Backoff(lingered-busyLingerClaims, busyLingerStep, 100*time.Millisecond))
+			}
 			op = flagSleep
 		default:
-			failures = 0
+			failures, lingered = 0, 0
 			if nonEmpty++; r.asleep && nonEmpty >= 2 {
 				op = flagBusy
 			}
@@ -334,6 +350,13 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 	}
 	return published, retryIn, nil
 }
+
+// A relay that told writers it is busy claims up to busyLingerClaims more
+// times, busyLingerStep apart, before it goes back to sleep.
+const (
+	busyLingerClaims = 3
+	busyLingerStep   = 2 * time.Millisecond
+)
 
 // sleepOnExit tells writers to notify again as this relay stops.
 func (r *Relay) sleepOnExit() {
@@ -360,6 +383,9 @@ type BatchResult struct {
 	// RetryIn is how soon the earliest failed or released row becomes
 	// claimable again (0 if none).
 	RetryIn time.Duration
+	// Slept: the claim was preceded by outbox_relay_sleep, which found no
+	// writer left that had seen the relay busy.
+	Slept bool
 }
 
 // message is one claimed outbox row.
@@ -408,7 +434,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	msgs, prevMarked, err := r.claim(cctx, op, token, prev)
+	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev)
 	if err != nil {
 		if prev != nil {
 			// The mark rolled back with the claim; send it on its own.
@@ -419,7 +445,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 		}
 		return BatchResult{}, nil, err
 	}
-	var res BatchResult
+	res := BatchResult{Slept: slept}
 	if prev != nil {
 		r.notePublished(&res, prev, prevMarked)
 	}
@@ -544,18 +570,17 @@ func (r *Relay) notePublished(res *BatchResult, m *pendingMark, n int) {
 // claim claims one batch under token. In the same round trip it first tells
 // writers what op says and marks prev published (it returns how many of
 // prev's rows that mark updated).
-func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) ([]message, int, error) {
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) (_ []message, marked int, slept bool, _ error) {
 	var (
-		msgs   []message
-		marked int
-		b      pgx.Batch
+		msgs []message
+		b    pgx.Batch
 	)
 	b.Queue(asyncCommit)
 	switch op {
 	case flagBusy:
 		b.Queue(r.qBusy)
 	case flagSleep:
-		b.Queue(r.qSleep)
+		b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
 	if prev != nil {
 		b.Queue(r.qMarkPublished, prev.ids, prev.streamIDs, prev.token).Exec(func(tag pgconn.CommandTag) error {
@@ -569,9 +594,9 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		return err
 	})
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
-		return nil, 0, fmt.Errorf("claim: %w", err)
+		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}
-	return msgs, marked, nil
+	return msgs, marked, slept, nil
 }
 
 // asyncCommit makes the relay's own transactions commit without waiting for

@@ -29,7 +29,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	var (
 		n, relays, batch, consumers  *int
 		rate, dup                    *float64
-		duration, poll               *time.Duration
+		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
 		writerCounts                 []int
 		modes                        []string
@@ -42,6 +42,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		modesList = fs.String("modes", "off,always,idle", "comma-separated notify modes (outbox_notify_mode), one case each")
 		duration = fs.Duration("duration", 10*time.Second, "how long the writers commit in each case")
 		poll = fs.Duration("poll", 5*time.Second, "the relay's fallback poll interval")
+		offPoll = fs.Duration("off-poll", 20*time.Millisecond, "the relay's poll in mode off, so that it drains while the writers run as it does when woken (0 = --poll)")
 	case "latency":
 		n = fs.Int("n", 2_000, "TEDs to settle")
 		rate = fs.Float64("rate", 200, "TEDs per second (open-loop schedule)")
@@ -80,6 +81,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--duplicates must be at least 0 and below 1")
 	case duration != nil && *duration < 100*time.Millisecond:
 		return usagef("--duration must be at least 100ms")
+	case offPoll != nil && *offPoll < 0:
+		return usagef("--off-poll must not be negative")
 	case poll != nil && *poll < time.Millisecond:
 		return usagef("--poll must be at least 1ms")
 	}
@@ -131,7 +134,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {
 		switch scenario {
 		case "writers":
-			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll})
+			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll, OffPoll: *offPoll})
 		case "latency":
 			return bench.Latency(ctx, env, *rate, *n, *mode)
 		case "drain":
