@@ -20,7 +20,7 @@ import (
 func TestWriterThatSawRelayBusyIsNotLeftForThePoll(t *testing.T) {
 	// A writer that commits while the relay waits for the lock (20 ms at
 	// most), and one that is still in its transaction when the wait ends.
-	for _, open := range []time.Duration{5 * time.Millisecond, 300 * time.Millisecond} {
+	for _, open := range []time.Duration{15 * time.Millisecond, 300 * time.Millisecond} {
 		t.Run(open.String(), func(t *testing.T) { testWriterThatSawRelayBusy(t, open) })
 	}
 }
