@@ -15,6 +15,12 @@ import (
 const (
 	listenConnectTimeout = 10 * time.Second
 	listenPingTimeout    = 5 * time.Second
+	// listenPingEvery: the LISTEN connection is pinged after this many quiet
+	// poll intervals in a row. Together with the poll's one round trip, an
+	// idle relay costs the database 1.25 round trips per poll interval, and
+	// a half-open LISTEN connection is found within five intervals (the poll
+	// delivers meanwhile).
+	listenPingEvery = 4
 	listenBackoffMin     = 100 * time.Millisecond
 	listenBackoffMax     = 30 * time.Second
 	listenHealthyAfter   = time.Minute
@@ -71,12 +77,14 @@ func (r *Relay) listen(ctx context.Context) error {
 	r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
 	r.kick()
 
+	quiet := 0
 	for {
 		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case n != nil:
+			quiet = 0
 			r.stats.notifications.Add(1)
 			if m := r.cfg.Metrics; m != nil {
 				m.notifications.Inc()
@@ -87,6 +95,10 @@ func (r *Relay) listen(ctx context.Context) error {
 		case pgconn.Timeout(err) && !conn.IsClosed():
 			// Quiet for a poll interval. A socket read alone never notices a
 			// half-open connection; a write does.
+			if quiet++; quiet < listenPingEvery {
+				continue
+			}
+			quiet = 0
 			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
 			err := conn.Ping(pctx)
 			cancel()
