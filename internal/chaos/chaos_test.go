@@ -17,6 +17,7 @@ var (
 	seed      = flag.Uint64("chaos.seed", 0, "seed of the fault schedule (0: random; the seed is printed for replay)")
 	short     = flag.Bool("chaos.short", false, "each kind of fault once, shorter outages (CI)")
 	keep      = flag.Bool("chaos.keep", false, "keep the run's directory of logs even when it passes")
+	binary    = flag.String("chaos.binary", "", "outbox binary to test instead of building ./cmd/outbox (e.g. one built from a deliberately broken copy)")
 	redisArgs = flag.String("chaos.redis-args", "", "redis-server arguments instead of the default persistence settings, e.g. '--appendonly no' (to watch the suite fail)")
 )
 
@@ -24,7 +25,7 @@ func TestChaos(t *testing.T) {
 	if !*enabled {
 		t.Skip("fault-injection suite: run with -chaos (make chaos)")
 	}
-	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4}
+	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary}
 	if cfg.Rate == 0 {
 		cfg.Rate = 40
 		if cfg.Short {
