@@ -185,6 +185,7 @@ type run struct {
 
 	settleDone chan struct{}
 	settleRuns int
+	stuck      bool // a fault never recovered
 
 	mu       sync.Mutex
 	faults   []FaultRecord

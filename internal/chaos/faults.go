@@ -83,7 +83,7 @@ func (r *run) between(lo, hi time.Duration) time.Duration {
 	if r.cfg.Short || hi <= lo {
 		return lo
 	}
-	return lo + time.Duration(r.rng.Int64N(int64(hi-lo)))
+	return (lo + time.Duration(r.rng.Int64N(int64(hi-lo)))).Round(100 * time.Millisecond)
 }
 
 func (r *run) settled() bool {
@@ -129,6 +129,13 @@ func (r *run) injectFaults(ctx context.Context) {
 			load = "after the load"
 		}
 		r.logf("fault #%d %s %s (%s): %s; recovered in %s", len(r.faults), rec.Kind, rec.Detail, load, rec.Note, rs)
+		if rec.Recovery < 0 {
+			// The pipeline is stuck (events lost?): more faults would only
+			// wait for it again. Go on to the checks, which say what is wrong.
+			r.stuck = true
+			r.logf("the pipeline did not recover: no more faults")
+			return
+		}
 	}
 }
 

@@ -69,9 +69,13 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 // the group has nothing pending.
 func (r *run) waitDrain(ctx context.Context) {
 	start := time.Now()
+	limit := drainLimit
+	if r.stuck {
+		limit = 20 * time.Second
+	}
 	var last drainState
 	var lastErr error
-	for time.Since(start) < drainLimit && ctx.Err() == nil {
+	for time.Since(start) < limit && ctx.Err() == nil {
 		s, err := r.drainState(ctx)
 		last, lastErr = s, err
 		if err == nil && s.done() {
@@ -80,7 +84,7 @@ func (r *run) waitDrain(ctx context.Context) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	r.problem("not drained %s after the load: %+v (last error %v)", drainLimit, last, lastErr)
+	r.problem("not drained %s after the load: %+v (last error %v)", limit, last, lastErr)
 }
 
 // verify checks the end state against PostgreSQL, the source of truth.
