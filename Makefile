@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   walk through settled TEDs end to end
 #   make test   the whole test suite against real PostgreSQL and Redis
+#   make chaos  the fault-injection suite (own throw-away servers; a few minutes)
 #
 # Servers for the demo: DATABASE_URL/REDIS_URL if set; else Docker Compose if a
 # Docker engine answers (removed afterwards); else throw-away servers started
@@ -12,7 +13,7 @@ GO ?= go
 COMPOSE_DATABASE_URL = postgres://postgres:postgres@localhost:5432/outbox?sslmode=disable
 COMPOSE_REDIS_URL = redis://localhost:6379/0
 
-.PHONY: demo test build vet fmt ci
+.PHONY: demo test build vet fmt ci chaos
 
 demo:
 	@if [ -z "$$DATABASE_URL$$REDIS_URL" ] && command -v docker >/dev/null 2>&1 && timeout 5 docker info >/dev/null 2>&1 \
@@ -27,6 +28,14 @@ demo:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
+# consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts
+# its own PostgreSQL and Redis from the local binaries. CI runs the short
+# version: make chaos CHAOS_FLAGS='-chaos.n 1500 -chaos.short'.
+# Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'.
+chaos:
+	$(GO) test -count=1 -v -timeout 20m -run '^TestChaos$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 
 build:
 	$(GO) build -o bin/outbox ./cmd/outbox

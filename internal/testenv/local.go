@@ -153,7 +153,7 @@ func startOnFreePort(ctx context.Context, opt Options, srv server) (*Server, err
 		}
 		u := srv.url(port)
 		opt.logf("testenv: starting local "+srv.name, "bin", srv.bin, "port", port, "dir", srv.dir)
-		p, err := startProcess(srv.bin, srv.args(port), srv.dir, filepath.Join(srv.dir, srv.logFile), srv.owner)
+		p, err := startProcess(srv.bin, srv.args(port), srv.dir, filepath.Join(srv.dir, srv.logFile), srv.owner, false)
 		if err != nil {
 			return nil, err
 		}
@@ -161,12 +161,14 @@ func startOnFreePort(ctx context.Context, opt Options, srv server) (*Server, err
 		if err == nil {
 			opt.logf("testenv: local "+srv.name+" ready", "url", u)
 			dir := srv.dir
+			l := &localProc{srv: srv, port: port, url: u, opt: opt, proc: p}
 			return &Server{
 				URL:    u,
 				Source: sourceLocal,
 				dir:    dir,
+				local:  l,
 				stop: func() error {
-					p.stop(srv.stopSignal)
+					l.close()
 					return removeDir(dir)
 				},
 			}, nil
@@ -223,8 +225,13 @@ type process struct {
 // startProcess starts bin in its own process group, with stdout and stderr
 // going to logPath, running as owner if not nil. The kernel kills it when
 // the calling process dies.
-func startProcess(bin string, args []string, dir, logPath string, owner *account) (*process, error) {
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+// With appendLog the log file is appended to instead of truncated (a restart).
+func startProcess(bin string, args []string, dir, logPath string, owner *account, appendLog bool) (*process, error) {
+	mode := os.O_TRUNC
+	if appendLog {
+		mode = os.O_APPEND
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|mode, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("create log file: %w", err)
 	}

@@ -57,8 +57,9 @@ type Server struct {
 	URL    string // postgres://... (superuser, database "postgres") or redis://127.0.0.1:port/0
 	Source string // "env", "docker" or "local"
 
-	dir  string       // temporary directory of a local server, removed by Close
-	stop func() error // releases the server; nil for "env"
+	dir   string       // temporary directory of a local server, removed by Close
+	stop  func() error // releases the server; nil for "env"
+	local *localProc   // the process of a local server; nil otherwise
 
 	closeOnce sync.Once
 	closeErr  error

@@ -1,0 +1,74 @@
+package chaos
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	enabled   = flag.Bool("chaos", false, "run the fault-injection suite (slow; skipped without this flag)")
+	n         = flag.Int("chaos.n", 5000, "TEDs to settle")
+	rate      = flag.Float64("chaos.rate", 0, "TEDs per second (default: 40, or 25 with -chaos.short)")
+	seed      = flag.Uint64("chaos.seed", 0, "seed of the fault schedule (0: random; the seed is printed for replay)")
+	short     = flag.Bool("chaos.short", false, "each kind of fault once, shorter outages (CI)")
+	keep      = flag.Bool("chaos.keep", false, "keep the run's directory of logs even when it passes")
+	binary    = flag.String("chaos.binary", "", "outbox binary to test instead of building ./cmd/outbox (e.g. one built from a deliberately broken copy)")
+	redisArgs = flag.String("chaos.redis-args", "", "redis-server arguments instead of the default persistence settings, e.g. '--appendonly no' (to watch the suite fail)")
+)
+
+func TestChaos(t *testing.T) {
+	if !*enabled {
+		t.Skip("fault-injection suite: run with -chaos (make chaos)")
+	}
+	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary}
+	if cfg.Rate == 0 {
+		cfg.Rate = 40
+		if cfg.Short {
+			cfg.Rate = 25
+		}
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
+	if *redisArgs != "" {
+		cfg.RedisArgs = strings.Fields(*redisArgs)
+	}
+	dir, err := os.MkdirTemp("", "outbox-chaos-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Dir = dir
+	cfg.Logf = func(format string, args ...any) { t.Logf(format, args...) }
+	t.Logf("chaos: seed %d (replay the fault schedule with -chaos.seed %d), %d TEDs at %.0f/s, logs in %s", cfg.Seed, cfg.Seed, cfg.N, cfg.Rate, dir)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Minute)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	for _, f := range res.Faults {
+		t.Logf("fault %-17s %-28s recovery %6.2fs  %s", f.Kind, f.Detail, f.Recovery.Seconds(), f.Note)
+	}
+	for _, k := range res.ByKind() {
+		t.Log(k)
+	}
+	for _, d := range res.Details {
+		t.Log(d)
+	}
+	fmt.Println(res.Summary())
+	if err != nil || len(res.Problems) > 0 {
+		t.Logf("logs kept in %s; their tails:\n%s", dir, LogTails(dir, 40))
+		if err != nil {
+			t.Fatalf("chaos: set-up failed: %v", err)
+		}
+		t.Fatalf("chaos: %d problems (seed %d):\n  %s", len(res.Problems), cfg.Seed, strings.Join(res.Problems, "\n  "))
+	}
+	if *keep {
+		t.Logf("logs kept in %s", dir)
+	} else {
+		_ = os.RemoveAll(dir)
+	}
+}

@@ -1,0 +1,445 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tedbank/outbox/internal/tcpproxy"
+)
+
+// planned is a fault to inject: its kind and, for some kinds, which variant
+// (a fail point, a blackhole target, a PostgreSQL stop mode).
+type planned struct{ kind, variant string }
+
+var (
+	blackholeTargets = []string{"pg", "redis", "pg+redis"}
+	pgStopModes      = []string{"fast", "immediate", "kill"}
+	// weights of the random faults after the mandatory ones.
+	weights = map[string]int{
+		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
+		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1,
+	}
+)
+
+// mandatory is the faults every run injects: each fail point first (they
+// only fire while events flow), then every other kind and variant in a random
+// order.
+func (r *run) mandatory() []planned {
+	var fps, rest []planned
+	for _, fp := range Failpoints {
+		fps = append(fps, planned{Failpoint, fp})
+	}
+	rest = []planned{
+		{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""},
+		{Blackhole, "pg"}, {Blackhole, "redis"}, {RedisKill, ""}, {RedisOOM, ""},
+	}
+	if r.cfg.Short {
+		rest = append(rest, planned{PGRestart, pgStopModes[r.rng.IntN(len(pgStopModes))]})
+	} else {
+		rest = append(rest, planned{Blackhole, "pg+redis"})
+		for _, m := range pgStopModes {
+			rest = append(rest, planned{PGRestart, m})
+		}
+	}
+	r.rng.Shuffle(len(fps), func(i, j int) { fps[i], fps[j] = fps[j], fps[i] })
+	r.rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+	return append(fps, rest...)
+}
+
+// random picks a weighted random fault.
+func (r *run) random() planned {
+	total := 0
+	for _, k := range Kinds {
+		total += weights[k]
+	}
+	n := r.rng.IntN(total)
+	kind := Kinds[0]
+	for _, k := range Kinds {
+		if n < weights[k] {
+			kind = k
+			break
+		}
+		n -= weights[k]
+	}
+	switch kind {
+	case Failpoint:
+		return planned{kind, Failpoints[r.rng.IntN(len(Failpoints))]}
+	case Blackhole:
+		return planned{kind, blackholeTargets[r.rng.IntN(len(blackholeTargets))]}
+	case PGRestart:
+		return planned{kind, pgStopModes[r.rng.IntN(len(pgStopModes))]}
+	}
+	return planned{kind: kind}
+}
+
+// between returns a random duration in [lo, hi].
+func (r *run) between(lo, hi time.Duration) time.Duration {
+	if r.cfg.Short || hi <= lo {
+		return lo
+	}
+	return (lo + time.Duration(r.rng.Int64N(int64(hi-lo)))).Round(100 * time.Millisecond)
+}
+
+func (r *run) settled() bool {
+	select {
+	case <-r.settleDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// injectFaults injects the mandatory faults, then random ones until the load
+// is settled, one at a time: each fault, then the wait for the pipeline to
+// recover, then a random pause.
+func (r *run) injectFaults(ctx context.Context) {
+	plan := r.mandatory()
+	for i := 0; ctx.Err() == nil; i++ {
+		var f planned
+		if i < len(plan) {
+			f = plan[i]
+		} else {
+			if r.settled() {
+				return
+			}
+			f = r.random()
+		}
+		pause := 300*time.Millisecond + time.Duration(r.rng.Int64N(int64(1700*time.Millisecond)))
+		if r.cfg.Short {
+			pause = 300*time.Millisecond + time.Duration(r.rng.Int64N(int64(700*time.Millisecond)))
+		}
+		time.Sleep(pause)
+		rec := r.inject(ctx, f)
+		rec.Recovery = r.waitRecovery(ctx, rec)
+		r.mu.Lock()
+		r.faults = append(r.faults, rec)
+		r.mu.Unlock()
+		rs := "never"
+		if rec.Recovery >= 0 {
+			rs = rec.Recovery.Round(10 * time.Millisecond).String()
+		}
+		load := "load running"
+		if !rec.UnderLoad {
+			load = "after the load"
+		}
+		r.logf("fault #%d %s %s (%s): %s; recovered in %s", len(r.faults), rec.Kind, rec.Detail, load, rec.Note, rs)
+		if rec.Recovery < 0 {
+			// The pipeline is stuck (events lost?): more faults would only
+			// wait for it again. Go on to the checks, which say what is wrong.
+			r.stuck = true
+			r.logf("the pipeline did not recover: no more faults")
+			return
+		}
+	}
+}
+
+func (r *run) inject(ctx context.Context, f planned) FaultRecord {
+	rec := FaultRecord{Kind: f.kind, Detail: f.variant, Start: time.Now(), UnderLoad: !r.settled()}
+	r.logf("injecting %s %s", f.kind, f.variant)
+	switch f.kind {
+	case KillRelay, KillConsumer:
+		group := r.relays
+		if f.kind == KillConsumer {
+			group = r.consumers
+		}
+		targets := []*proc{group[r.rng.IntN(len(group))]}
+		if r.rng.IntN(4) == 0 {
+			targets = group
+		}
+		var names []string
+		for _, p := range targets {
+			p.kill()
+			names = append(names, p.name)
+		}
+		rec.Detail = strings.Join(names, "+")
+		rec.Note = "SIGKILL"
+	case Failpoint:
+		rec.Detail, rec.Note = r.failpoint(f.variant)
+	case PGTerminate:
+		n, err := r.pgTerminate(ctx)
+		rec.Note = fmt.Sprintf("pg_terminate_backend on %d outbox sessions", n)
+		if err != nil {
+			rec.Note = "pg_terminate_backend failed: " + err.Error()
+		}
+	case RedisClientKill:
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		n, err := r.rdb.Do(cctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Int()
+		cancel()
+		rec.Note = fmt.Sprintf("CLIENT KILL TYPE normal SKIPME yes: %d clients", n)
+		if err != nil {
+			rec.Note = "CLIENT KILL failed: " + err.Error()
+		}
+	case Blackhole:
+		d := r.between(4*time.Second, 8*time.Second)
+		var proxies []*tcpproxy.Proxy
+		if strings.Contains(f.variant, "pg") {
+			proxies = append(proxies, r.pgProxy)
+		}
+		if strings.Contains(f.variant, "redis") {
+			proxies = append(proxies, r.rdsProxy)
+		}
+		// Every connection, old or opened meanwhile, goes silent (bytes
+		// swallowed, nothing closed) for d. Afterwards new connections flow;
+		// the silent ones stay silent until their client gives up on them.
+		end := time.Now().Add(d)
+		for time.Now().Before(end) {
+			for _, px := range proxies {
+				px.Freeze()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rec.Note = fmt.Sprintf("connections through the proxy frozen (half-open) for %s", d)
+	case PGRestart:
+		d := r.between(3*time.Second, 6*time.Second)
+		var err error
+		switch f.variant {
+		case "fast":
+			err = r.pg.Stop()
+		case "immediate":
+			err = r.pg.StopWith(syscall.SIGQUIT)
+		default:
+			err = r.pg.Kill()
+		}
+		if err != nil {
+			r.problem("stop postgres (%s): %v", f.variant, err)
+		}
+		time.Sleep(d)
+		if err := r.pg.Start(ctx); err != nil {
+			r.problem("restart postgres: %v", err)
+		}
+		rec.Note = fmt.Sprintf("postgres %s stop, down %s", f.variant, d)
+	case RedisKill:
+		d := r.between(time.Second, 3*time.Second)
+		if err := r.rds.Kill(); err != nil {
+			r.problem("kill redis: %v", err)
+		}
+		time.Sleep(d)
+		if err := r.rds.Start(ctx); err != nil {
+			r.problem("restart redis: %v", err)
+		}
+		rec.Note = fmt.Sprintf("redis-server SIGKILLed, down %s", d)
+	case RedisOOM:
+		rec.Note = r.redisOOM(ctx, r.between(4*time.Second, 8*time.Second), rec.UnderLoad)
+	}
+	rec.End = time.Now()
+	return rec
+}
+
+// failpoint restarts a relay or a consumer (SIGTERM, which must exit 0) with
+// the fail point armed at a random hit, and waits for it to fire.
+func (r *run) failpoint(point string) (detail, note string) {
+	group := r.relays
+	if strings.HasPrefix(point, "fraud.") {
+		group = r.consumers
+	}
+	p := group[r.rng.IntN(len(group))]
+	spec := fmt.Sprintf("%s:%d", point, 1+r.rng.IntN(3))
+	detail = p.name + " " + spec
+	if _, err := p.arm(spec); err != nil {
+		r.problem("arming %s: %v", detail, err)
+	}
+	select {
+	case <-p.fired:
+		return detail, "fired: the process SIGKILLed itself there"
+	case <-time.After(30 * time.Second):
+		p.kill()
+		return detail, "did not fire within 30s (no traffic?); killed instead"
+	}
+}
+
+func (r *run) pgTerminate(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var n int
+	err := r.mon.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name LIKE 'outbox-%'`).Scan(&n)
+	return n, err
+}
+
+// redisOOM makes Redis refuse writes for d (maxmemory below what it uses,
+// noeviction), then restores maxmemory 0, and checks that the relays backed
+// off instead of retrying in a hot loop.
+func (r *run) redisOOM(ctx context.Context, d time.Duration, underLoad bool) string {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	used, err := infoField(cctx, r, "memory", "used_memory")
+	cancel()
+	if err != nil {
+		r.problem("redis INFO memory: %v", err)
+		return "skipped"
+	}
+	statsBefore := r.xaddStats(ctx)
+	backoffsBefore := r.countInRelayLogs("redis unavailable; backing off")
+	limit := strconv.FormatInt(max(used/2, 1<<20/2), 10)
+	if err := r.rdb.ConfigSet(ctx, "maxmemory", limit).Err(); err != nil {
+		r.problem("CONFIG SET maxmemory %s: %v", limit, err)
+	}
+	time.Sleep(d)
+	// Retry: the restore must not be lost to a transient error.
+	for i := 0; ; i++ {
+		err := r.rdb.ConfigSet(ctx, "maxmemory", "0").Err()
+		if err == nil {
+			break
+		}
+		if i == 20 {
+			r.problem("CONFIG SET maxmemory 0: %v", err)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	statsAfter := r.xaddStats(ctx)
+	backoffs := r.countInRelayLogs("redis unavailable; backing off") - backoffsBefore
+	// A relay that backs off exponentially (100ms doubling to 10s) makes a
+	// handful of attempts in d; one retrying in a loop makes hundreds.
+	// Allow two attempts per second per relay, plus slack.
+	allowed := int(math.Ceil(2*d.Seconds()))*len(r.relays) + 10
+	note := fmt.Sprintf("maxmemory %s (used %d) for %s: relay publish rounds refused %d (allowed %d), XADD calls refused %d, accepted %d",
+		limit, used, d, backoffs, allowed, statsAfter.rejected-statsBefore.rejected, statsAfter.calls-statsBefore.calls)
+	if underLoad && statsAfter.rejected == statsBefore.rejected {
+		r.problem("redis-oom under load: Redis refused no XADD, the fault did not bite; %s", note)
+	}
+	if backoffs > allowed {
+		r.problem("redis-oom: relays retried %d times in %s (hot loop?); %s", backoffs, d, note)
+	}
+	return note
+}
+
+type cmdStats struct{ calls, rejected int64 }
+
+// xaddStats reads XADD's calls and rejected_calls from INFO commandstats.
+func (r *run) xaddStats(ctx context.Context) cmdStats {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := r.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return cmdStats{}
+	}
+	var s cmdStats
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_xadd:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				s.calls = n
+			case "rejected_calls":
+				s.rejected = n
+			}
+		}
+	}
+	return s
+}
+
+func infoField(ctx context.Context, r *run, section, field string) (int64, error) {
+	info, err := r.rdb.Info(ctx, section).Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO %s has no %s", section, field)
+}
+
+func (r *run) countInRelayLogs(s string) int {
+	n := 0
+	for _, p := range r.relays {
+		b, err := os.ReadFile(p.logPath)
+		if err == nil {
+			n += strings.Count(string(b), s)
+		}
+	}
+	return n
+}
+
+// waitRecovery measures the recovery time of a fault: from the end of the
+// fault until every TED committed by then has a verdict — the backlog the
+// fault left has drained end to end, through relay and anti-fraud. It
+// returns -1 if that takes longer than two minutes.
+func (r *run) waitRecovery(ctx context.Context, rec FaultRecord) time.Duration {
+	const limit = 2 * time.Minute
+	deadline := rec.End.Add(limit)
+	var unjudged []string
+	for {
+		ids, err := r.unjudged(ctx)
+		if err == nil {
+			unjudged = ids
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			r.problem("after %s %s: cannot read the backlog: %v", rec.Kind, rec.Detail, err)
+			return -1
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for len(unjudged) > 0 {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			r.problem("after %s %s: %d TEDs committed before the fault ended still have no verdict after %s",
+				rec.Kind, rec.Detail, len(unjudged), limit)
+			return -1
+		}
+		time.Sleep(50 * time.Millisecond)
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		vals, err := r.rdb.HMGet(cctx, "fraud:verdicts", unjudged...).Result()
+		cancel()
+		if err != nil {
+			continue
+		}
+		left := unjudged[:0]
+		for i, v := range vals {
+			if v == nil {
+				left = append(left, unjudged[i])
+			}
+		}
+		unjudged = left
+	}
+	return time.Since(rec.End)
+}
+
+// unjudged returns the ids of the committed transfers without a verdict.
+func (r *run) unjudged(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	rows, err := r.mon.Query(ctx, "SELECT id::text FROM transfers")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	judged, err := r.rdb.HKeys(ctx, "fraud:verdicts").Result()
+	if err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool, len(judged))
+	for _, id := range judged {
+		seen[id] = true
+	}
+	var out []string
+	for _, id := range ids {
+		if !seen[id] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,76 @@
+package chaos
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Every run, short or not, injects every kind of fault and every fail point,
+// with the fail points first (they only fire while events flow).
+func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
+	for _, short := range []bool{true, false} {
+		r := &run{cfg: Config{Short: short}, rng: rand.New(rand.NewPCG(7, 7))}
+		plan := r.mandatory()
+		kinds := map[string]bool{}
+		var fps []string
+		for i, f := range plan {
+			kinds[f.kind] = true
+			if f.kind == Failpoint {
+				fps = append(fps, f.variant)
+				if i >= len(Failpoints) {
+					t.Errorf("short=%v: fail point %s at position %d, after other faults", short, f.variant, i)
+				}
+			}
+		}
+		for _, k := range Kinds {
+			if !kinds[k] {
+				t.Errorf("short=%v: no %s in the mandatory faults %v", short, k, plan)
+			}
+		}
+		slices.Sort(fps)
+		want := slices.Sorted(slices.Values(Failpoints))
+		if !slices.Equal(fps, want) {
+			t.Errorf("short=%v: fail points %v, want each of %v once", short, fps, want)
+		}
+	}
+}
+
+// The same seed gives the same schedule.
+func TestScheduleIsReplayableFromTheSeed(t *testing.T) {
+	draw := func(seed uint64) []planned {
+		r := &run{cfg: Config{Seed: seed}, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+		plan := r.mandatory()
+		for range 50 {
+			plan = append(plan, r.random())
+		}
+		return plan
+	}
+	if a, b := draw(42), draw(42); !slices.Equal(a, b) {
+		t.Fatalf("seed 42 gave two schedules:\n%v\n%v", a, b)
+	}
+	if a, b := draw(42), draw(43); slices.Equal(a, b) {
+		t.Fatal("seeds 42 and 43 gave the same schedule")
+	}
+	for _, f := range draw(1) {
+		if !slices.Contains(Kinds, f.kind) {
+			t.Errorf("unknown kind %q", f.kind)
+		}
+	}
+}
+
+func TestSummaryLine(t *testing.T) {
+	res := Result{Seed: 9, Transfers: 10, Events: 10, Verdicts: 10, MaxRecovery: 1500 * time.Millisecond, Duration: 61 * time.Second,
+		Faults: []FaultRecord{{Kind: KillRelay}, {Kind: KillRelay}, {Kind: RedisOOM}}}
+	got := res.Summary()
+	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
+		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1 max_recovery=1.5s duration=61s"
+	if got != want {
+		t.Errorf("summary\n got %s\nwant %s", got, want)
+	}
+	if lines := res.ByKind(); len(lines) != len(Kinds) || !strings.HasPrefix(lines[0], "kill-relay") {
+		t.Errorf("ByKind = %v", lines)
+	}
+}

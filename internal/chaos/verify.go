@@ -1,0 +1,313 @@
+package chaos
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+)
+
+const (
+	stream    = fraud.DefaultStream
+	group     = fraud.DefaultGroup
+	keyPrefix = fraud.DefaultKeyPrefix
+	// drainLimit bounds the wait for the pipeline to drain after the load.
+	drainLimit = 3 * time.Minute
+)
+
+// drainState is what waitDrain watches.
+type drainState struct {
+	transfers, verdicts, pending, publishing, dead int
+	groupPending                                   int64
+	delivered                                      bool // the group has been delivered the stream's last entry
+}
+
+func (s drainState) done() bool {
+	return s.pending == 0 && s.publishing == 0 && s.verdicts+s.dead >= s.transfers && s.groupPending == 0 && s.delivered
+}
+
+func (r *run) drainState(ctx context.Context) (drainState, error) {
+	var s drainState
+	var err error
+	if s.transfers, err = r.committed(ctx); err != nil {
+		return s, err
+	}
+	if s.pending, s.publishing, _, s.dead, err = r.outboxCounts(ctx); err != nil {
+		return s, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	v, err := r.rdb.HLen(ctx, keyPrefix+"verdicts").Result()
+	if err != nil {
+		return s, err
+	}
+	s.verdicts = int(v)
+	pend, err := r.rdb.XPending(ctx, stream, group).Result()
+	if err != nil {
+		return s, err
+	}
+	s.groupPending = pend.Count
+	info, err := r.rdb.XInfoStream(ctx, stream).Result()
+	if err != nil {
+		return s, err
+	}
+	groups, err := r.rdb.XInfoGroups(ctx, stream).Result()
+	if err != nil {
+		return s, err
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			s.delivered = g.LastDeliveredID == info.LastGeneratedID
+		}
+	}
+	return s, nil
+}
+
+// waitDrain waits until everything committed is published and judged and
+// the group has nothing pending.
+func (r *run) waitDrain(ctx context.Context) {
+	start := time.Now()
+	limit := drainLimit
+	if r.stuck {
+		limit = 20 * time.Second
+	}
+	var last drainState
+	var lastErr error
+	for time.Since(start) < limit && ctx.Err() == nil {
+		s, err := r.drainState(ctx)
+		last, lastErr = s, err
+		if err == nil && s.done() {
+			r.logf("drained %s after the load: %d transfers, %d verdicts", time.Since(start).Round(10*time.Millisecond), s.transfers, s.verdicts)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	r.problem("not drained %s after the load: %+v (last error %v)", limit, last, lastErr)
+}
+
+// verify checks the end state against PostgreSQL, the source of truth.
+func (r *run) verify(ctx context.Context, res *Result) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	type ted struct {
+		from   string
+		amount int64
+	}
+	teds := map[string]ted{}
+	rows, err := r.mon.Query(ctx, "SELECT id::text, from_account, amount_cents FROM transfers")
+	if err != nil {
+		r.problem("read transfers: %v", err)
+		return
+	}
+	for rows.Next() {
+		var id string
+		var t ted
+		if err := rows.Scan(&id, &t.from, &t.amount); err != nil {
+			r.problem("read transfers: %v", err)
+			return
+		}
+		teds[id] = t
+	}
+	rows.Close()
+	res.Transfers = len(teds)
+	if len(teds) != r.cfg.N {
+		r.problem("%d transfers committed, want %d", len(teds), r.cfg.N)
+	}
+
+	// Events: exactly one transfer.settled per transfer, all published.
+	eventsOf := map[string][]string{} // transfer id -> event ids
+	eventIDs := map[string]bool{}
+	status := map[string]int{}
+	rows, err = r.mon.Query(ctx, `SELECT id::text, aggregate_id, status FROM outbox_messages
+		WHERE aggregate_type = 'transfer' AND event_type = 'transfer.settled'`)
+	if err != nil {
+		r.problem("read events: %v", err)
+		return
+	}
+	for rows.Next() {
+		var id, agg, st string
+		if err := rows.Scan(&id, &agg, &st); err != nil {
+			r.problem("read events: %v", err)
+			return
+		}
+		eventsOf[agg] = append(eventsOf[agg], id)
+		eventIDs[id] = true
+		status[st]++
+	}
+	rows.Close()
+	res.Events = len(eventIDs)
+	var other int
+	if err := r.mon.QueryRow(ctx, `SELECT count(*) FROM outbox_messages
+		WHERE NOT (aggregate_type = 'transfer' AND event_type = 'transfer.settled')`).Scan(&other); err != nil {
+		r.problem("count other events: %v", err)
+	}
+	noEvent, multiEvent, orphans := 0, 0, 0
+	for id := range teds {
+		switch n := len(eventsOf[id]); {
+		case n == 0:
+			noEvent++
+		case n > 1:
+			multiEvent++
+		}
+	}
+	for agg := range eventsOf {
+		if _, ok := teds[agg]; !ok {
+			orphans++
+		}
+	}
+	unpublished := len(eventIDs) - status["published"]
+	for what, n := range map[string]int{
+		"transfers without an event": noEvent, "transfers with more than one event": multiEvent,
+		"events without a transfer": orphans, "events not published": unpublished, "events of other types": other,
+	} {
+		if n > 0 {
+			r.problem("%d %s (statuses %v)", n, what, status)
+		}
+	}
+
+	// The stream: every event is in it (duplicates allowed: at least once).
+	inStream := map[string]int{}
+	entries := 0
+	start := "-"
+	for {
+		msgs, err := r.rdb.XRangeN(ctx, stream, start, "+", 1000).Result()
+		if err != nil {
+			r.problem("read stream: %v", err)
+			return
+		}
+		for _, m := range msgs {
+			id, _ := m.Values["event_id"].(string)
+			inStream[id]++
+			entries++
+		}
+		if len(msgs) < 1000 {
+			break
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
+	missing, foreign := 0, 0
+	for id := range eventIDs {
+		if inStream[id] == 0 {
+			missing++
+		}
+	}
+	for id := range inStream {
+		if !eventIDs[id] {
+			foreign++
+		}
+	}
+	if missing > 0 {
+		r.problem("%d events marked published are not in the stream %s", missing, stream)
+	}
+	if foreign > 0 {
+		r.problem("%d event ids in the stream are not in outbox_messages", foreign)
+	}
+	res.StreamEntries, res.DuplicatesInRed = entries, entries-len(inStream)
+
+	// Anti-fraud: one verdict per transfer, effects applied once.
+	verdicts, err := r.rdb.HGetAll(ctx, keyPrefix+"verdicts").Result()
+	if err != nil {
+		r.problem("read verdicts: %v", err)
+		return
+	}
+	res.Verdicts = len(verdicts)
+	lost, phantom, reviews := 0, 0, 0
+	for id := range teds {
+		if _, ok := verdicts[id]; !ok {
+			lost++
+		}
+	}
+	for id, v := range verdicts {
+		if _, ok := teds[id]; !ok {
+			phantom++
+		}
+		if v == "review" {
+			reviews++
+		}
+	}
+	rep, err := fraud.ReadReport(ctx, r.rdb, keyPrefix)
+	if err != nil {
+		r.problem("read fraud report: %v", err)
+		return
+	}
+	doubled := max(0, int(rep.Verdicts)-len(verdicts)) + multiEvent
+	alerts, err := r.rdb.XRange(ctx, keyPrefix+"alerts", "-", "+").Result()
+	if err != nil {
+		r.problem("read alerts: %v", err)
+	}
+	alertsOf := map[string]int{}
+	for _, a := range alerts {
+		id, _ := a.Values["transfer_id"].(string)
+		alertsOf[id]++
+	}
+	doubledAlerts := len(alerts) - len(alertsOf)
+	doubled += doubledAlerts
+	res.Lost, res.Doubled = lost, doubled
+	if lost > 0 {
+		r.problem("%d transfers have no verdict (lost)", lost)
+	}
+	if phantom > 0 {
+		r.problem("%d verdicts for transfers that are not in PostgreSQL", phantom)
+	}
+	if int(rep.Verdicts) != len(verdicts) {
+		r.problem("anti-fraud counted %d effects for %d verdicted transfers", rep.Verdicts, len(verdicts))
+	}
+	if doubledAlerts > 0 {
+		r.problem("%d review alerts written more than once", doubledAlerts)
+	}
+	if int(rep.Reviews) != reviews || len(alertsOf) != reviews {
+		r.problem("reviews: counter %d, review verdicts %d, alerted transfers %d", rep.Reviews, reviews, len(alertsOf))
+	}
+
+	// Each sender's totals equal the sums over transfers.
+	type totals struct{ cents, n int64 }
+	want := map[string]totals{}
+	for _, t := range teds {
+		w := want[t.from]
+		w.cents += t.amount
+		w.n++
+		want[t.from] = w
+	}
+	mismatched := 0
+	for acct, w := range want {
+		got := rep.Accounts[acct]
+		if got.SentCents != w.cents || got.Transfers != w.n {
+			mismatched++
+			if mismatched <= 5 {
+				r.detail("account %s: anti-fraud has %d cents in %d transfers, PostgreSQL %d cents in %d", acct, got.SentCents, got.Transfers, w.cents, w.n)
+			}
+		}
+	}
+	for acct := range rep.Accounts {
+		if _, ok := want[acct]; !ok {
+			mismatched++
+		}
+	}
+	if mismatched > 0 {
+		r.problem("%d accounts' anti-fraud totals differ from the sums over transfers", mismatched)
+	}
+
+	// Nothing left pending or dead-lettered; every dedupe marker present.
+	if pend, err := r.rdb.XPending(ctx, stream, group).Result(); err != nil {
+		r.problem("XPENDING: %v", err)
+	} else if pend.Count != 0 {
+		r.problem("consumer group %s has %d entries pending: %v", group, pend.Count, pend.Consumers)
+	}
+	if n, err := r.rdb.XLen(ctx, keyPrefix+"dlq").Result(); err != nil || n != 0 {
+		r.problem("dead-letter stream: %d entries (err %v)", n, err)
+	}
+	markers := 0
+	iter := r.rdb.Scan(ctx, 0, keyPrefix+"seen:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		markers++
+	}
+	if err := iter.Err(); err != nil && err != redis.Nil {
+		r.problem("scan dedupe markers: %v", err)
+	} else if markers != len(eventIDs) {
+		r.problem("%d dedupe markers for %d events", markers, len(eventIDs))
+	}
+	r.detail("stream %s holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
+		stream, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+}
