@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"time"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,7 +95,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer connect.ClosePool(pool, 3*time.Second)
 	if err := requireSchema(ctx, pool); err != nil {
 		return err
 	}

@@ -40,6 +40,10 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = PingTimeout
 	}
+	// The pool pings a connection that sat idle before handing it out; on a
+	// half-open connection that ping would otherwise wait for the kernel to
+	// give up (minutes).
+	cfg.PingTimeout = 2 * time.Second
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL at %s: %s", Redact(rawURL), redactErr(err, rawURL))
@@ -144,4 +148,19 @@ func redactErr(err error, rawURL string) string {
 		}
 	}
 	return msg
+}
+
+// ClosePool closes pool, waiting at most d: a connection stuck on a half-open
+// socket can hold pgxpool's Close for a minute, and a process that was told
+// to stop must not. The process exits soon after, which frees the rest.
+func ClosePool(pool *pgxpool.Pool, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }
