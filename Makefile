@@ -35,7 +35,7 @@ test:
 # version: make chaos CHAOS_FLAGS='-chaos.n 1500 -chaos.short'.
 # Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'.
 chaos:
-	$(GO) test -count=1 -v -timeout 20m -run '^TestChaos$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
+	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 
 build:
 	$(GO) build -o bin/outbox ./cmd/outbox

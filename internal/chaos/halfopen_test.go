@@ -18,8 +18,8 @@ import (
 
 // TestRelayAfterHalfOpenPostgres isolates what the suite found: after the
 // relay's PostgreSQL connections were blackholed for four seconds, does the
-// relay still reap expired claims, and does it exit promptly on SIGTERM? It
-// is not part of `make chaos`; run it with
+// relay still reap expired claims, and does it exit promptly on SIGTERM?
+// `make chaos` runs it; alone:
 //
 //	go test ./internal/chaos -chaos -run TestRelayAfterHalfOpenPostgres -v
 func TestRelayAfterHalfOpenPostgres(t *testing.T) {
