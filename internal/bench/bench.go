@@ -85,10 +85,30 @@ type Env struct {
 
 // space is one scenario's database and key prefix.
 type space struct {
-	pool   *pgxpool.Pool
+	pool   *pgxpool.Pool // the writers' (and the harness's)
 	prefix string
 	drop   func(context.Context) error
 	rdb    *redis.Client
+	dbURL  string
+	extra  []*pgxpool.Pool
+}
+
+// relayPool opens a pool of its own for one relay, as `outbox relay` has in
+// production: sharing the writers' pool would queue the relay's claims behind
+// hundreds of writers waiting for a connection.
+func (s *space) relayPool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(s.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-bench-relay"
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.extra = append(s.extra, pool)
+	return pool, nil
 }
 
 func (e Env) open(ctx context.Context, name string, maxConns int32) (*space, error) {
@@ -113,10 +133,13 @@ func (e Env) open(ctx context.Context, name string, maxConns int32) (*space, err
 		_ = drop(ctx)
 		return nil, err
 	}
-	return &space{pool: pool, drop: drop, rdb: e.Redis, prefix: "bench-" + uuid.NewString()[:8] + ":"}, nil
+	return &space{pool: pool, drop: drop, rdb: e.Redis, dbURL: dbURL, prefix: "bench-" + uuid.NewString()[:8] + ":"}, nil
 }
 
 func (s *space) close() {
+	for _, p := range s.extra {
+		p.Close()
+	}
 	s.pool.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

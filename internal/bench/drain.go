@@ -35,7 +35,11 @@ func Drain(ctx context.Context, e Env, n, relays, batch int) (Result, error) {
 	}
 	rs := make([]*relay.Relay, relays)
 	for i := range rs {
-		if rs[i], err = relay.New(s.pool, s.rdb, relay.Config{
+		rp, err := s.relayPool(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		if rs[i], err = relay.New(rp, s.rdb, relay.Config{
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
 			PollInterval: 50 * time.Millisecond, Logger: e.Log,
 		}); err != nil {

@@ -41,7 +41,11 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		inStream: map[uuid.UUID]time.Time{}, judged: map[uuid.UUID]time.Time{}}
 	stream := s.prefix + transfer.AggregateType
 	var err error
-	f.relay, err = relay.New(s.pool, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log})
+	rp, err := s.relayPool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log})
 	if err != nil {
 		return nil, err
 	}

@@ -101,7 +101,11 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	if mode == "off" && cfg.OffPoll > 0 {
 		poll = cfg.OffPoll
 	}
-	r, err := relay.New(s.pool, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log})
+	rp, err := s.relayPool(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log})
 	if err != nil {
 		return Result{}, err
 	}
