@@ -20,10 +20,10 @@ const (
 	// idle relay costs the database 1.25 round trips per poll interval, and
 	// a half-open LISTEN connection is found within five intervals (the poll
 	// delivers meanwhile).
-	listenPingEvery = 4
-	listenBackoffMin     = 100 * time.Millisecond
-	listenBackoffMax     = 30 * time.Second
-	listenHealthyAfter   = time.Minute
+	listenPingEvery    = 4
+	listenBackoffMin   = 100 * time.Millisecond
+	listenBackoffMax   = 30 * time.Second
+	listenHealthyAfter = time.Minute
 )
 
 // listenLoop keeps one dedicated connection LISTENing and turns every
