@@ -23,6 +23,7 @@ const (
 	DefaultStreamPrefix   = "outbox.event."
 	DefaultChannel        = "outbox_messages"
 	DefaultTrimInterval   = 10 * time.Second
+	DefaultBusyPace       = 2 * time.Millisecond
 )
 
 // MaxBatchSize bounds Config.BatchSize.
@@ -47,6 +48,13 @@ type Config struct {
 	// even without notifications, and pings its LISTEN connection when no
 	// notification arrived for that long.
 	PollInterval time.Duration
+	// BusyPace is how long a relay that is draining a steady stream of
+	// commits (writers told not to notify) waits after a small batch before
+	// it claims again, so that commits gather into fewer, larger batches. It
+	// costs events up to this much latency under load and nothing at low
+	// load (a relay that drains one batch and goes back to sleep never
+	// paces). Default DefaultBusyPace; negative: never pause.
+	BusyPace time.Duration
 	// ReapInterval is how often the reaper looks for expired leases.
 	// Default: Lease/2.
 	ReapInterval time.Duration
@@ -104,6 +112,9 @@ func (c Config) withDefaults() Config {
 	if c.ReapInterval == 0 {
 		c.ReapInterval = c.Lease / 2
 	}
+	if c.BusyPace == 0 {
+		c.BusyPace = DefaultBusyPace
+	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = min(DefaultPublishTimeout, c.Lease/2)
 	}
@@ -141,6 +152,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("lease %s: must be at least 1ms", c.Lease)
 	case c.PollInterval < time.Millisecond:
 		return fmt.Errorf("poll interval %s: must be at least 1ms", c.PollInterval)
+	case c.BusyPace > time.Second:
+		return fmt.Errorf("busy pace %s: must be at most 1s", c.BusyPace)
 	case c.ReapInterval < time.Millisecond:
 		return fmt.Errorf("reap interval %s: must be at least 1ms", c.ReapInterval)
 	case c.PublishTimeout <= 0 || c.PublishTimeout >= c.Lease:

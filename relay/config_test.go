@@ -35,6 +35,7 @@ func TestConfigValidate(t *testing.T) {
 		"negative lease":            {Lease: -time.Second},
 		"publish longer than lease": {Lease: time.Second, PublishTimeout: 2 * time.Second},
 		"negative poll":             {PollInterval: -1},
+		"busy pace over a second":   {BusyPace: 2 * time.Second},
 		"zero attempts":             {MaxAttempts: -3},
 		"backoff inverted":          {BackoffBase: time.Minute, BackoffMax: time.Second},
 		"bad channel":               {Channel: "Outbox; DROP TABLE x"},

@@ -346,6 +346,13 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			if nonEmpty++; r.asleep && nonEmpty >= 2 {
 				op = flagBusy
 			}
+			if !r.asleep && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+				// Busy with a stream of small batches: let commits gather
+				// rather than pay a claim, a pipeline and a mark for a few
+				// rows each time (on 2 cores that work competes with the
+				// writers themselves).
+				retry.Sleep(ctx, r.cfg.BusyPace)
+			}
 		}
 	}
 	return published, retryIn, nil

@@ -69,6 +69,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
 	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease; expired claims are returned to pending")
 	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
+	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
 	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
@@ -83,8 +84,12 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 {
-		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout not negative")
+	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
+		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout and --busy-pace not negative")
+	}
+	cfg.BusyPace = *busyPace
+	if cfg.BusyPace == 0 {
+		cfg.BusyPace = -1 // never
 	}
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
