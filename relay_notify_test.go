@@ -193,3 +193,52 @@ func (f *fixture) idleFlag() int {
 	}
 	return v
 }
+
+// outbox_relay_sleep never leaves its lock behind, whether it got it or timed
+// out waiting for a writer that saw the relay busy: a leaked lock would stall
+// every writer that reads the flag as 0.
+func TestRelaySleepLeavesNoLockBehind(t *testing.T) {
+	f := newFixture(t)
+	conn, err := f.pool.Acquire(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	held := func() int {
+		var n int
+		if err := conn.QueryRow(f.ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	sleep := func() bool {
+		var ok bool
+		if err := conn.QueryRow(f.ctx, "SELECT outbox_relay_sleep()").Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !sleep() || held() != 0 {
+		t.Fatal("sleep without writers: want true and no lock held afterwards")
+	}
+
+	// A writer that read the flag as 0 holds the shared lock.
+	writer, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(f.ctx) }()
+	if _, err := writer.Exec(f.ctx, "SELECT pg_advisory_xact_lock_shared(1869903214, 1)"); err != nil {
+		t.Fatal(err)
+	}
+	if sleep() || held() != 0 {
+		t.Fatal("sleep with a writer in flight: want false and no lock held afterwards")
+	}
+	if err := writer.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !sleep() || held() != 0 {
+		t.Fatal("sleep after the writer finished: want true and no lock held afterwards")
+	}
+}

@@ -18,7 +18,7 @@
 -- would be invisible to that last claim and would not notify either. So a
 -- writer that reads 0 takes a shared advisory lock, held until its
 -- transaction ends, and reads the flag again; the relay, after setting the
--- flag, takes the same lock exclusively and lets it go (outbox_relay_sleep).
+-- flag, takes the same lock exclusively (outbox_relay_sleep).
 -- The relay thus claims for the last time only after every writer that read 0
 -- twice has committed or rolled back; a writer that asks for the lock later
 -- reads 1 the second time and notifies. Writers that read 1 notify at once and
@@ -60,6 +60,12 @@ $$;
 -- Called by a relay before its last claim ahead of sleeping: asks writers to
 -- notify, then waits (20 ms at most) for every writer that read the flag as 0
 -- to finish. Returns false if some still has not: the relay must not sleep yet.
+--
+-- The lock is transaction-scoped on purpose: the relay holds it until the end
+-- of its round trip (the claim that follows), and no error can leave it held.
+-- A session lock could leak: lock_timeout can fire just after the lock was
+-- granted, and the error would skip the unlock (found by the benchmarks: every
+-- writer then waited on a relay's idle connection).
 CREATE FUNCTION outbox_relay_sleep() RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,13 +74,12 @@ BEGIN
     PERFORM setval('outbox_relay_idle', 1);
     PERFORM set_config('lock_timeout', '20ms', true);
     BEGIN
-        PERFORM pg_advisory_lock(1869903214, 1);
+        PERFORM pg_advisory_xact_lock(1869903214, 1);
     EXCEPTION WHEN lock_not_available THEN
         PERFORM set_config('lock_timeout', saved, true);
         RETURN false;
     END;
     PERFORM set_config('lock_timeout', saved, true);
-    PERFORM pg_advisory_unlock(1869903214, 1);
     RETURN true;
 END
 $$;
