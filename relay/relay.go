@@ -71,9 +71,12 @@ type Relay struct {
 	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
 	qBusy, qSleep                                        string
 
-	// asleep is what this relay last told writers: true after
-	// outbox_relay_sleep, false after outbox_relay_busy. Owned by drainLoop.
-	asleep bool
+	// What this relay last told writers, owned by drainLoop. notifying:
+	// the idle flag is 1 (after outbox_relay_sleep), so writers notify;
+	// false after outbox_relay_busy. asleep: besides, the last claim came
+	// after a sleep that found no writer still in flight that had seen the
+	// relay busy, so the relay may wait for a notification.
+	notifying, asleep bool
 }
 
 // Stats counts what a relay did since it started.
@@ -126,7 +129,8 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		qReap:          outboxsql.Query("relay_reap"),
 		qBusy:          outboxsql.Query("relay_busy"),
 		qSleep:         outboxsql.Query("relay_sleep"),
-		asleep:         true, // the start-up drain claims as if woken
+		notifying:      true, // the start-up drain claims as if woken
+		asleep:         true,
 	}, nil
 }
 
@@ -299,8 +303,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 		if err == nil {
 			switch op {
 			case flagBusy:
-				r.asleep = false
+				r.notifying, r.asleep = false, false
 			case flagSleep:
+				r.notifying = true
 				// Not asleep yet if a writer that saw us busy is still in
 				// its transaction: claim again a little later.
 				r.asleep = res.Slept
@@ -343,10 +348,10 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			op = flagSleep
 		default:
 			failures, lingered = 0, 0
-			if nonEmpty++; r.asleep && nonEmpty >= 2 {
+			if nonEmpty++; r.notifying && nonEmpty >= 2 {
 				op = flagBusy
 			}
-			if !r.asleep && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+			if !r.notifying && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
 				// Busy with a stream of small batches: let commits gather
 				// rather than pay a claim, a pipeline and a mark for a few
 				// rows each time (on 2 cores that work competes with the
@@ -367,7 +372,7 @@ const (
 
 // sleepOnExit tells writers to notify again as this relay stops.
 func (r *Relay) sleepOnExit() {
-	if r.asleep {
+	if r.notifying {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
