@@ -44,6 +44,13 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 	// half-open connection that ping would otherwise wait for the kernel to
 	// give up (minutes).
 	cfg.PingTimeout = 2 * time.Second
+	// pgxpool pings every connection idle for over a second before handing
+	// it out: for a relay polling every few seconds, a second round trip per
+	// poll. Ping only connections idle for over a minute; a dead one in
+	// between fails its statement, which every caller here retries or reports.
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Minute
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL at %s: %s", Redact(rawURL), redactErr(err, rawURL))
