@@ -275,8 +275,8 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 	}
 	// A wake-up usually finds one small batch; saying "busy" and "asleep"
 	// around it would cost two statements and buy nothing. Writers are told
-	// to stop notifying only once a second claim in a row (nonEmpty) finds
-	// rows: the relay is then draining a stream of commits.
+	// to stop notifying only once a second claim in a row finds rows: the
+	// relay is then draining a stream of commits.
 	nonEmpty, lingered := 0, 0
 	failures := 0
 	var pending *pendingMark // the last batch's mark, sent with the next claim
@@ -332,7 +332,6 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 		case res.Claimed == 0 && r.asleep:
 			return published, retryIn, nil
 		case res.Claimed == 0 && lingered < busyLingerClaims:
-			nonEmpty = 0
 			// Busy, and the claim came back empty: commits arrive in waves
 			// (one per WAL flush), so wait a little for the next one before
 			// asking writers to notify again. Each NOTIFY costs its writer a
@@ -340,7 +339,6 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			lingered++
 			retry.Sleep(ctx, busyLingerStep)
 		case res.Claimed == 0:
-			nonEmpty = 0
 			if sent == flagSleep {
 				// The sleep found writers that saw us busy still in their
 				// transactions: try again a little later.
@@ -353,12 +351,11 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			if nonEmpty++; r.notifying && nonEmpty >= 2 {
 				op = flagBusy
 			}
-			if !r.notifying && nonEmpty >= busyPaceAfter && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
-				// Busy with a steady stream of small batches: let commits
-				// gather rather than pay a claim, a pipeline and a mark for
-				// a few rows each time (on 2 cores that work competes with
-				// the writers themselves). A short burst is not paced, so
-				// its events keep their latency.
+			if !r.notifying && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+				// Busy with a stream of small batches: let commits gather
+				// rather than pay a claim, a pipeline and a mark for a few
+				// rows each time (on 2 cores that work competes with the
+				// writers themselves).
 				retry.Sleep(ctx, r.cfg.BusyPace)
 			}
 		}
@@ -371,9 +368,6 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 const (
 	busyLingerClaims = 3
 	busyLingerStep   = 2 * time.Millisecond
-	// busyPaceAfter is how many non-empty claims in a row make a steady
-	// stream, which Config.BusyPace then paces.
-	busyPaceAfter = 8
 )
 
 // sleepOnExit tells writers to notify again as this relay stops.
