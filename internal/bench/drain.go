@@ -13,13 +13,25 @@ import (
 // vacuumed before the clock starts). The clock runs from the relays' start
 // until they have marked all n published, counted from their own Stats (the
 // harness does not poll the table while they work); the table is checked
-// afterwards.
-func Drain(ctx context.Context, e Env, n, relays, batch int) (Result, error) {
+// afterwards. With published > 0, that many already published rows are
+// in the table first (the outbox of a service that has run for a while).
+func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result, error) {
 	s, err := e.open(ctx, "drain", int32(2*relays+4))
 	if err != nil {
 		return Result{}, err
 	}
 	defer s.close()
+	for done := 0; done < published; done += 1_000_000 {
+		_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload,
+		                                   status, published_at, stream_id)
+			SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
+			       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g),
+			       'published', now(), '0-1'
+			  FROM generate_series(1, $1::int) g`, min(1_000_000, published-done))
+		if err != nil {
+			return Result{}, fmt.Errorf("insert the published rows: %w", err)
+		}
+	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
 		SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
 		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g)
@@ -70,7 +82,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch int) (Result, error) {
 	}
 	took := time.Since(start)
 	res := Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
-		Settings: map[string]any{"relays": relays, "batch": batch}}
+		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()

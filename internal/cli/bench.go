@@ -28,6 +28,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	runs := fs.Int("runs", 1, "run each case this many times and report the medians (every run's figures under runs)")
 	var (
 		n, relays, batch, consumers  *int
+		published                    *int
 		rate, dup                    *float64
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
@@ -51,6 +52,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
 		batch = fs.Int("batch", 500, "relay batch size")
+		published = fs.Int("published", 0, "already published rows in the table before the backlog (an outbox that has run for a while)")
 	case "consume":
 		n = fs.Int("n", 20_000, "stream entries to preload, duplicates included")
 		consumers = fs.Int("consumers", 1, "anti-fraud consumers of the group")
@@ -69,6 +71,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--runs must be between 1 and %d", maxRuns)
 	case n != nil && *n <= 0:
 		return usagef("--n must be positive")
+	case published != nil && *published < 0:
+		return usagef("--published must not be negative")
 	case relays != nil && (*relays <= 0 || *relays > maxRelays):
 		return usagef("--relays must be between 1 and %d", maxRelays)
 	case batch != nil && (*batch <= 0 || *batch > maxBatch):
@@ -138,7 +142,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "latency":
 			return bench.Latency(ctx, env, *rate, *n, *mode)
 		case "drain":
-			return one(bench.Drain(ctx, env, *n, *relays, *batch))
+			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published))
 		case "consume":
 			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup))
 		default:
