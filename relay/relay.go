@@ -77,6 +77,10 @@ type Relay struct {
 	// after a sleep that found no writer still in flight that had seen the
 	// relay busy, so the relay may wait for a notification.
 	notifying, asleep bool
+	// brokerFailures counts batches Redis refused as a whole in a row, across
+	// drains; brokerDownUntil is when the current backoff ends.
+	brokerFailures  int
+	brokerDownUntil time.Time
 }
 
 // Stats counts what a relay did since it started.
@@ -278,7 +282,12 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 	// to stop notifying only once a second claim in a row finds rows: the
 	// relay is then draining a stream of commits.
 	nonEmpty, lingered := 0, 0
-	failures := 0
+	// Redis refused the last batch as a whole: wait out the backoff before
+	// the first claim, even if a notification woke this drain early, so that
+	// an outage costs one publish round per backoff step, not one per commit.
+	if wait := time.Until(r.brokerDownUntil); wait > 0 {
+		retry.Sleep(ctx, wait)
+	}
 	var pending *pendingMark // the last batch's mark, sent with the next claim
 	flush := func() error {  // sends it on its own
 		if pending == nil {
@@ -324,8 +333,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			if err := flush(); err != nil {
 				return published, retryIn, err
 			}
-			failures++
-			d := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
+			r.brokerFailures++
+			d := retry.Backoff(r.brokerFailures, 100*time.Millisecond, 10*time.Second)
+			r.brokerDownUntil = time.Now().Add(d)
 			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
 				slog.Duration("retry_in", d), slog.Any("error", res.Err))
 			retry.Sleep(ctx, d)
@@ -347,7 +357,8 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			}
 			op = flagSleep
 		default:
-			failures, lingered = 0, 0
+			lingered = 0
+			r.brokerFailures, r.brokerDownUntil = 0, time.Time{} // Redis took this batch
 			if nonEmpty++; r.notifying && nonEmpty >= 2 {
 				op = flagBusy
 			}
