@@ -367,9 +367,16 @@ func (d *demo) deadRelay(ctx context.Context) error {
 	}
 	d.relay = rl
 	fmt.Fprintf(d.Out, "   relay %q starts; the lease is %s (30s by default)\n", "demo-relay-2", lease)
-	ok := waitFor(ctx, 20*time.Second, func() bool { return d.report(ctx).Verdicts-before.Verdicts == 3 })
-	published := d.count(ctx, `SELECT count(*) FROM outbox_messages
-		WHERE aggregate_id = ANY($1) AND status = 'published' AND claimed_by = 'demo-relay-2'`, uuidStrings(ids))
+	// Anti-fraud may judge an event before the relay's mark (sent with its
+	// next claim) commits: wait for both.
+	publishedBy2 := func() int {
+		return d.count(ctx, `SELECT count(*) FROM outbox_messages
+			WHERE aggregate_id = ANY($1) AND status = 'published' AND claimed_by = 'demo-relay-2'`, uuidStrings(ids))
+	}
+	ok := waitFor(ctx, 20*time.Second, func() bool {
+		return d.report(ctx).Verdicts-before.Verdicts == 3 && publishedBy2() == 3
+	})
+	published := publishedBy2()
 	fmt.Fprintf(d.Out, "   the reaper returned %d expired claims; published and judged %.1fs after the new relay started\n",
 		rl.Stats().Reaped, time.Since(started).Seconds())
 	after := d.report(ctx)
