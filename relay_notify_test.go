@@ -20,48 +20,25 @@ import (
 func TestWriterThatSawRelayBusyIsNotLeftForThePoll(t *testing.T) {
 	// A writer that commits while the relay waits for the lock (20 ms at
 	// most), and one that is still in its transaction when the wait ends.
-	for _, open := range []time.Duration{15 * time.Millisecond, 300 * time.Millisecond} {
+	// Zero: commit as soon as the relay is seen waiting.
+	for _, open := range []time.Duration{0, 15 * time.Millisecond, 300 * time.Millisecond} {
 		t.Run(open.String(), func(t *testing.T) { testWriterThatSawRelayBusy(t, open) })
 	}
 }
 
 func testWriterThatSawRelayBusy(t *testing.T, open time.Duration) {
-	f := newFixture(t)
-	cfg := f.relayConfig("r1")
-	const held = 3 // batches the relay is held in, one event each
-	published := make(chan struct{})
-	proceed := make(chan struct{})
-	calls := 0
-	cfg.OnPublish = func([]uuid.UUID) {
-		if calls++; calls <= held {
-			published <- struct{}{}
-			<-proceed
-		}
-	}
-	r := f.newRelay(cfg, nil)
-	f.run(r.Run)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay never went to sleep")
-	time.Sleep(50 * time.Millisecond) // let the wake-up after LISTEN finish
+	testWriterThatSawRelayBusyIn(t, open, nil)
+}
 
-	// Keep the relay draining: each held batch waits for the next event, so
-	// every claim finds one. From the third claim on it tells writers it is
-	// busy.
-	f.settle(1)
-	for i := range held {
-		select {
-		case <-published:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("batch %d never published", i+1)
-		}
-		if i < held-1 {
-			f.settle(1)
-			proceed <- struct{}{}
-		}
+// testWriterThatSawRelayBusyIn runs the relay and the writer on connections
+// with the run-time parameters params.
+func testWriterThatSawRelayBusyIn(t *testing.T, open time.Duration, params map[string]string) {
+	f := newFixture(t)
+	if params != nil {
+		f.pool = f.poolWith(params)
 	}
-	if got := f.idleFlag(); got != 0 {
-		t.Fatalf("idle flag %d while the relay drains, want 0", got)
-	}
+	busy, held := f.heldBusyRelay()
+	r := busy.r
 	time.Sleep(100 * time.Millisecond) // let the listener count the notifications sent so far
 	notified := r.Stats().Notifications
 
@@ -77,8 +54,18 @@ func testWriterThatSawRelayBusy(t *testing.T, open time.Duration) {
 	if _, err := transfer.SettleTx(f.ctx, tx, ted); err != nil {
 		t.Fatal(err)
 	}
-	proceed <- struct{}{}
-	time.Sleep(open) // the relay tries to sleep meanwhile
+	held.release()
+	if open > 0 {
+		time.Sleep(open) // the relay tries to sleep meanwhile
+	} else {
+		// Commit exactly while the relay waits for the writers that saw it
+		// busy (outbox_relay_sleep's lock wait, 20 ms at most).
+		outboxtest.Eventually(t, 5*time.Second, func() bool {
+			return f.count(`SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'
+				  AND query LIKE '%outbox_relay_sleep%'`) > 0
+		}, "the relay never waited for the writer")
+	}
 	if err := tx.Commit(f.ctx); err != nil {
 		t.Fatal(err)
 	}

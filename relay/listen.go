@@ -34,7 +34,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := r.listen(ctx)
+		err := r.listen(ctx, failures)
 		r.stats.listenUp.Store(false)
 		r.cfg.Metrics.listen(false)
 		if ctx.Err() != nil {
@@ -48,12 +48,21 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		r.log.Warn("listen connection lost; reconnecting", slog.Any("error", err),
 			slog.Int("attempt", failures), slog.Duration("retry_in", d))
 		// The poll keeps draining meanwhile; once LISTENing again, listen
-		// wakes the drainer to catch up on what committed in the gap.
-		retry.Sleep(ctx, d)
+		// wakes the drainer to catch up on what committed in the gap. A
+		// drainer that reaches the database again cuts the wait short.
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-r.listenNow:
+		}
+		t.Stop()
 	}
 }
 
-func (r *Relay) listen(ctx context.Context) error {
+// listen LISTENs on one connection until it fails; failures is how many
+// attempts in a row failed before this one.
+func (r *Relay) listen(ctx context.Context, failures int) error {
 	cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, r.listenCfg)
 	cancel()
@@ -74,7 +83,16 @@ func (r *Relay) listen(ctx context.Context) error {
 	}
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
-	r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
+	if failures > 0 {
+		r.log.Info("listen connection re-established", slog.String("channel", r.cfg.Channel),
+			slog.Int("failed_attempts", failures))
+	} else {
+		r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
+	}
+	// Notifications sent while no connection listened are lost, and a
+	// PostgreSQL crash may have undone the flag's last change: the drain
+	// this wakes catches up and tells writers again that the relay sleeps.
+	r.resync.Store(true)
 	r.kick()
 
 	quiet := 0

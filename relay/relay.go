@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,12 +72,23 @@ type Relay struct {
 	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
 	qBusy, qSleep                                        string
 
-	// What this relay last told writers, owned by drainLoop. notifying:
-	// the idle flag is 1 (after outbox_relay_sleep), so writers notify;
-	// false after outbox_relay_busy. asleep: besides, the last claim came
-	// after a sleep that found no writer still in flight that had seen the
-	// relay busy, so the relay may wait for a notification.
-	notifying, asleep bool
+	// Owned by drainLoop: what this relay may assume about the writers
+	// (wakeup.go), and when rows it failed become claimable again.
+	state   wakeState
+	retries retrySchedule
+	// resync: the LISTEN connection came back; writers may have been told
+	// nothing since (a PostgreSQL crash can undo the flag's last change), so
+	// the next drain must say "sleep" again before waiting.
+	resync atomic.Bool
+	// listenNow cuts the LISTEN connection's reconnect backoff short: the
+	// drainer reached the database again.
+	listenNow chan struct{}
+	// dbFailures counts drains in a row that failed (the database
+	// unreachable, a statement timed out); dbDownSince is when the first
+	// failed, dbWarned when the last warning was logged and dbRetryAt when
+	// the backoff ends (polls wait for it; a notification does not).
+	dbFailures                       int
+	dbDownSince, dbWarned, dbRetryAt time.Time
 	// brokerFailures counts batches Redis refused as a whole in a row, across
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int
@@ -133,8 +145,11 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		qReap:          outboxsql.Query("relay_reap"),
 		qBusy:          outboxsql.Query("relay_busy"),
 		qSleep:         outboxsql.Query("relay_sleep"),
-		notifying:      true, // the start-up drain claims as if woken
-		asleep:         true,
+		listenNow:      make(chan struct{}, 1),
+		// A relay starting cannot know what writers were last told (a
+		// relay killed while draining leaves them silent): it says
+		// "sleep" before it waits for a notification.
+		state: saidBusy,
 	}, nil
 }
 
@@ -202,14 +217,15 @@ func (r *Relay) kick() {
 func (r *Relay) drainLoop(ctx context.Context) {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	// On the way out, tell writers to notify again: another relay may be
-	// asleep, waiting for them.
+	retryTimer := time.NewTimer(0)
+	defer retryTimer.Stop()
+	// On the way out, tell writers to notify again and wake the other
+	// relays: they may be asleep, waiting for writers this relay silenced.
 	defer r.sleepOnExit()
 	polled := false
 	for {
-		n, retryIn, err := r.drain(ctx, polled)
+		started := time.Now()
+		n, err := r.drain(ctx, polled)
 		if polled && n > 0 {
 			r.stats.pollsWithWork.Add(1)
 			if m := r.cfg.Metrics; m != nil {
@@ -217,26 +233,37 @@ func (r *Relay) drainLoop(ctx context.Context) {
 			}
 		}
 		polled = false
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Duration("retry_in", drainErrorRetry))
-			// Writers may have stopped notifying (this relay said it was
-			// busy): retry soon rather than at the next poll.
-			if retryIn == 0 || retryIn > drainErrorRetry {
-				retryIn = drainErrorRetry
-			}
+		var wait time.Duration // until the next drain at the latest (0: poll)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			wait = r.drainFailed(err)
+		default:
+			r.drainSucceeded()
+			// Rows that were claimable when this drain started were claimed.
+			r.retries.covered(started)
 		}
 		// Rows that failed become claimable again after their backoff; wake
 		// up for them then rather than at the next poll.
-		retry.Stop()
-		if retryIn > 0 && retryIn < r.cfg.PollInterval {
-			retry.Reset(retryIn)
+		if at, ok := r.retries.next(); ok {
+			if d := time.Until(at); wait == 0 || d < wait {
+				wait = max(d, time.Millisecond)
+			}
 		}
+		retryTimer.Stop()
+		if wait > 0 && wait < r.cfg.PollInterval {
+			retryTimer.Reset(wait)
+		}
+	wait:
 		select {
 		case <-ctx.Done():
 			return
 		case <-r.wake:
-		case <-retry.C:
+		case <-retryTimer.C:
 		case <-poll.C:
+			if time.Now().Before(r.dbRetryAt) {
+				goto wait // the database is failing: the backoff paces retries
+			}
 			r.stats.polls.Add(1)
 			if m := r.cfg.Metrics; m != nil {
 				m.polls.Inc()
@@ -246,9 +273,50 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	}
 }
 
-// drainErrorRetry is how soon a drain that failed (the database unreachable,
-// a statement timed out) is tried again.
-const drainErrorRetry = time.Second
+// A drain that failed (the database unreachable, a statement timed out) is
+// tried again after a backoff from drainRetryMin to drainRetryMax; while it
+// keeps failing, a warning is logged at most every drainWarnEvery.
+const (
+	drainRetryMin  = 100 * time.Millisecond
+	drainRetryMax  = 5 * time.Second
+	drainWarnEvery = 30 * time.Second
+)
+
+// drainFailed records a failed drain and returns how soon to try again.
+func (r *Relay) drainFailed(err error) time.Duration {
+	now := time.Now()
+	r.dbFailures++
+	if r.dbFailures == 1 {
+		r.dbDownSince = now
+	}
+	d := retry.Backoff(r.dbFailures, drainRetryMin, drainRetryMax)
+	r.dbRetryAt = now.Add(d)
+	if r.dbFailures == 1 || now.Sub(r.dbWarned) >= drainWarnEvery {
+		r.dbWarned = now
+		r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
+			slog.Duration("retry_in", d), slog.Duration("failing_for", now.Sub(r.dbDownSince).Round(time.Millisecond)))
+	} else {
+		r.log.Debug("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
+			slog.Duration("retry_in", d))
+	}
+	return d
+}
+
+// drainSucceeded notes the end of a run of failed drains.
+func (r *Relay) drainSucceeded() {
+	if r.dbFailures == 0 {
+		return
+	}
+	r.log.Info("database reachable again; draining", slog.Int("failed_attempts", r.dbFailures),
+		slog.Duration("down_for", time.Since(r.dbDownSince).Round(time.Millisecond)))
+	r.dbFailures, r.dbRetryAt = 0, time.Time{}
+	// If the LISTEN connection is waiting out its backoff, reconnect now:
+	// until it is back, only this relay's poll finds new rows.
+	select {
+	case r.listenNow <- struct{}{}:
+	default:
+	}
+}
 
 // flagOp is what a claim tells writers about this relay, in the same round
 // trip, before it claims: see sql/migrations/0006_outbox_notify_idle.sql.
@@ -261,8 +329,7 @@ const (
 )
 
 // drain publishes batches until a claim finds nothing, backing off while the
-// broker is unavailable. It returns the rows published and, if some rows
-// failed, how soon the earliest becomes claimable again.
+// broker is unavailable, and returns the rows published.
 //
 // It does not stop at a short batch: publishing an event can make the next
 // event of the same aggregate claimable, and no notification announces that.
@@ -270,9 +337,12 @@ const (
 // While it drains, writers are told not to notify (their NOTIFY would
 // serialize their commits for nothing); before it returns, it tells them to
 // notify again and claims once more, so a row committed in between is never
-// left for the fallback poll. A poll re-asserts "asleep" first, in case a
-// relay that crashed while draining left writers silent.
-func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn time.Duration, err error) {
+// left for the fallback poll (wakeup.go). A poll re-asserts "sleep" first, in
+// case a relay that crashed while draining left writers silent.
+func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
+	if r.resync.Swap(false) {
+		r.state = saidBusy
+	}
 	op := flagNone
 	if polled {
 		op = flagSleep
@@ -309,38 +379,40 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 	for ctx.Err() == nil {
 		var res BatchResult
 		res, pending, err = r.drainBatch(ctx, op, pending, true)
-		if err == nil {
-			switch op {
-			case flagBusy:
-				r.notifying, r.asleep = false, false
-			case flagSleep:
-				r.notifying = true
-				// Not asleep yet if a writer that saw us busy is still in
-				// its transaction: claim again a little later.
-				r.asleep = res.Slept
-			}
+		if err != nil {
+			// The round trip may have told writers "busy" before it failed
+			// (the flag is a sequence: its change is not rolled back), or a
+			// later step failed after it did: assume they are silent.
+			r.state = saidBusy
+		} else {
+			r.state = r.state.after(op, res.Slept)
+		}
+		now := time.Now()
+		for _, d := range res.retries {
+			r.retries.add(now.Add(d))
 		}
 		sent := op
 		op = flagNone
 		published += res.Published
-		if res.RetryIn > 0 && (retryIn == 0 || res.RetryIn < retryIn) {
-			retryIn = res.RetryIn
-		}
 		switch {
 		case err != nil:
-			return published, retryIn, err
+			return published, err
 		case res.BrokerDown:
 			if err := flush(); err != nil {
-				return published, retryIn, err
+				return published, err
 			}
 			r.brokerFailures++
 			d := retry.Backoff(r.brokerFailures, 100*time.Millisecond, 10*time.Second)
 			r.brokerDownUntil = time.Now().Add(d)
-			r.log.Warn("redis unavailable; backing off", slog.Int("released", res.Released),
-				slog.Duration("retry_in", d), slog.Any("error", res.Err))
+			level := slog.LevelDebug
+			if r.brokerFailures == 1 || r.brokerFailures%20 == 0 {
+				level = slog.LevelWarn
+			}
+			r.log.Log(ctx, level, "redis unavailable; backing off", slog.Int("released", res.Released),
+				slog.Int("attempt", r.brokerFailures), slog.Duration("retry_in", d), slog.Any("error", res.Err))
 			retry.Sleep(ctx, d)
-		case res.Claimed == 0 && r.asleep:
-			return published, retryIn, nil
+		case res.Claimed == 0 && r.state == asleep:
+			return published, nil
 		case res.Claimed == 0 && lingered < busyLingerClaims:
 			// Busy, and the claim came back empty: commits arrive in waves
 			// (one per WAL flush), so wait a little for the next one before
@@ -353,16 +425,19 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 				// The sleep found writers that saw us busy still in their
 				// transactions: try again a little later.
 				lingered++
-				retry.Sleep(ctx, retry.Backoff(lingered-busyLingerClaims, busyLingerStep, 100*time.Millisecond))
+				retry.Sleep(ctx, retry.Backoff(max(lingered-busyLingerClaims, 1), busyLingerStep, 100*time.Millisecond))
 			}
 			op = flagSleep
 		default:
 			lingered = 0
+			if r.brokerFailures > 0 {
+				r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.brokerFailures))
+			}
 			r.brokerFailures, r.brokerDownUntil = 0, time.Time{} // Redis took this batch
-			if nonEmpty++; r.notifying && nonEmpty >= 2 {
+			if nonEmpty++; r.state.notifying() && nonEmpty >= 2 {
 				op = flagBusy
 			}
-			if !r.notifying && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+			if !r.state.notifying() && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
 				// Busy with a stream of small batches: let commits gather
 				// rather than pay a claim, a pipeline and a mark for a few
 				// rows each time (on 2 cores that work competes with the
@@ -371,7 +446,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, retryIn 
 			}
 		}
 	}
-	return published, retryIn, nil
+	return published, nil
 }
 
 // A relay that told writers it is busy claims up to busyLingerClaims more
@@ -381,17 +456,50 @@ const (
 	busyLingerStep   = 2 * time.Millisecond
 )
 
-// sleepOnExit tells writers to notify again as this relay stops.
+// exitWait bounds how long a stopping relay waits for the writers that saw
+// it busy.
+const exitWait = 3 * time.Second
+
+// sleepOnExit is a stopping relay's last word. Unless it is asleep, writers
+// may be silent because of it, and some that read "busy" may still be in
+// their transactions: their rows would wake nobody. So it tells writers to
+// notify again, waits for those writers (exitWait at most), and wakes the
+// other relays with a NOTIFY sent when that wait is over.
 func (r *Relay) sleepOnExit() {
-	if r.notifying {
+	if r.state == asleep {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), exitWait)
 	defer cancel()
-	if _, err := r.pool.Exec(ctx, r.qSleep); err != nil {
-		r.log.Warn("could not tell writers to notify again; other relays rely on their poll until then",
-			slog.Any("error", err))
+	for attempt := 1; ; attempt++ {
+		slept, err := r.sayGoodbye(ctx)
+		switch {
+		case err != nil:
+			r.log.Warn("could not wake the other relays on the way out; they rely on their poll until then",
+				slog.Any("error", err))
+			return
+		case slept:
+			return
+		case ctx.Err() != nil:
+			r.log.Warn("writers that saw this relay busy are still in their transactions; other relays find their rows at their poll")
+			return
+		}
+		retry.Sleep(ctx, retry.Backoff(attempt, busyLingerStep, 100*time.Millisecond))
 	}
+}
+
+// sayGoodbye runs outbox_relay_sleep and a NOTIFY in one transaction: the
+// notification goes out when the writers that saw this relay busy have
+// finished (or the lock wait gave up; then slept is false).
+func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
+	var b pgx.Batch
+	queueRelayTx(&b)
+	b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	b.Queue("SELECT pg_notify($1, '')", r.cfg.Channel)
+	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return false, err
+	}
+	return slept, nil
 }
 
 // BatchResult says what one DrainBatch did.
@@ -406,6 +514,9 @@ type BatchResult struct {
 	// RetryIn is how soon the earliest failed or released row becomes
 	// claimable again (0 if none).
 	RetryIn time.Duration
+	// retries: how soon each failed or released row becomes claimable again
+	// (distinct delays only).
+	retries []time.Duration
 	// Slept: the claim was preceded by outbox_relay_sleep, which found no
 	// writer left that had seen the relay busy.
 	Slept bool
@@ -460,9 +571,13 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev)
 	if err != nil {
 		if prev != nil {
-			// The mark rolled back with the claim; send it on its own.
+			// The mark rolled back with the claim; send it on its own, with
+			// a deadline of its own (a hung statement or a half-open
+			// connection must not freeze the relay).
 			var res BatchResult
-			if merr := r.markPublished(ctx, &res, prev); merr != nil {
+			mctx, cancel := context.WithTimeout(ctx, markTimeout)
+			defer cancel()
+			if merr := r.markPublished(mctx, &res, prev); merr != nil {
 				err = errors.Join(err, merr)
 			}
 		}
@@ -523,6 +638,9 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 			if res.RetryIn == 0 || delay < res.RetryIn {
 				res.RetryIn = delay
 			}
+			if !slices.Contains(res.retries, delay) {
+				res.retries = append(res.retries, delay)
+			}
 			r.log.Warn("publish failed", slog.String("event_id", m.ID.String()),
 				slog.String("event_type", m.EventType), slog.String("aggregate_id", m.AggregateID),
 				slog.Int("attempt", m.Attempts+1), slog.Any("error", errs[i]))
@@ -559,6 +677,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 		}
 		res.Released = n
 		res.RetryIn = releaseDelay
+		res.retries = append(res.retries, releaseDelay)
 	}
 	r.stats.failed.Add(int64(res.Failed))
 	r.stats.released.Add(int64(res.Released))
@@ -598,7 +717,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		msgs []message
 		b    pgx.Batch
 	)
-	b.Queue(asyncCommit)
+	queueRelayTx(&b)
 	switch op {
 	case flagBusy:
 		b.Queue(r.qBusy)
@@ -622,6 +741,22 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	return msgs, marked, slept, nil
 }
 
+// queueRelayTx queues the statements that open every relay transaction:
+// pinIsolation, then asyncCommit.
+func queueRelayTx(b *pgx.Batch) {
+	b.Queue(pinIsolation)
+	b.Queue(asyncCommit)
+}
+
+// pinIsolation: the wake-up protocol needs READ COMMITTED, whatever the
+// database's or role's default_transaction_isolation. The claim after
+// outbox_relay_sleep must see the rows of writers that committed while it
+// waited for them; under REPEATABLE READ or SERIALIZABLE its snapshot would
+// date from before the wait. (Claims under those levels would also fail with
+// serialization errors against other relays.) It must be the first statement
+// of the transaction; it costs no round trip, being queued in the batch.
+const pinIsolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
 // asyncCommit makes the relay's own transactions commit without waiting for
 // their WAL to reach disk (set_config(..., true) lasts for the transaction).
 // Safe because every relay write can be lost and redone: a claim, mark,
@@ -639,7 +774,7 @@ func (r *Relay) exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 		b   pgx.Batch
 		tag pgconn.CommandTag
 	)
-	b.Queue(asyncCommit)
+	queueRelayTx(&b)
 	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 	err := r.pool.SendBatch(ctx, &b).Close()
 	return tag, err

@@ -1,0 +1,114 @@
+package relay
+
+import (
+	"slices"
+	"time"
+)
+
+// The wake-up protocol, relay side (sql/migrations/0006_outbox_notify_idle.sql
+// has the writers' side). Writers notify only while the idle flag is 1. A
+// relay draining a stream of commits sets it to 0 ("busy") so that writers
+// stop paying for a NOTIFY each; before it waits for a notification again it
+// sets it back to 1 ("sleep"), waits for the writers that read 0 to finish,
+// and claims once more.
+//
+// wakeState is what this relay may assume about the flag and the writers.
+// Its one rule: the relay waits for a notification only in state asleep.
+// Whenever it cannot know what writers were told (it just started, a round
+// trip that may have carried a word failed, the LISTEN connection came back
+// after PostgreSQL may have crashed and undone an asynchronous change of the
+// flag), it assumes the worst, saidBusy, which makes it say "sleep" before it
+// waits.
+type wakeState int
+
+const (
+	// saidBusy: writers may be silent (the flag may be 0). The relay keeps
+	// claiming and must say "sleep" before it waits.
+	saidBusy wakeState = iota
+	// sleepPending: the flag is 1 but writers that read 0 may still be in
+	// their transactions; their rows will wake nobody. Claim again a little
+	// later, after another "sleep" that finds none of them.
+	sleepPending
+	// asleep: the flag is 1 and the last claim came after every writer that
+	// had read 0 finished: any row committed later is announced by a NOTIFY.
+	asleep
+)
+
+func (s wakeState) String() string {
+	switch s {
+	case saidBusy:
+		return "busy"
+	case sleepPending:
+		return "sleep-pending"
+	case asleep:
+		return "asleep"
+	}
+	return "unknown"
+}
+
+// notifying: the flag is 1, so writers notify.
+func (s wakeState) notifying() bool { return s != saidBusy }
+
+// after is the state once a round trip that carried op succeeded; slept is
+// what its outbox_relay_sleep returned.
+func (s wakeState) after(op flagOp, slept bool) wakeState {
+	switch op {
+	case flagBusy:
+		return saidBusy
+	case flagSleep:
+		if slept {
+			return asleep
+		}
+		return sleepPending
+	}
+	return s
+}
+
+// retrySchedule holds when rows this relay failed or released become
+// claimable again, so that it drains then rather than at the next poll. A
+// drain that starts after a time has passed covers it; a notification that
+// starts a drain earlier does not, so the times are kept until then.
+type retrySchedule struct {
+	at []time.Time // ascending
+}
+
+// maxScheduled bounds the schedule; rows beyond it are left to the poll.
+const maxScheduled = 256
+
+// retryGrain merges retry times closer than this into one wake-up.
+const retryGrain = 5 * time.Millisecond
+
+func (q *retrySchedule) add(t time.Time) {
+	i, _ := slices.BinarySearchFunc(q.at, t, func(a, b time.Time) int { return a.Compare(b) })
+	if i < len(q.at) && q.at[i].Sub(t) < retryGrain {
+		return // a wake-up just after t covers it
+	}
+	if i > 0 && t.Sub(q.at[i-1]) < retryGrain {
+		q.at[i-1] = t // move the earlier wake-up to t, so it covers both
+		return
+	}
+	if len(q.at) >= maxScheduled {
+		if i == len(q.at) {
+			return
+		}
+		q.at = q.at[:len(q.at)-1]
+	}
+	q.at = slices.Insert(q.at, i, t)
+}
+
+// covered drops the times a drain that started at start has covered.
+func (q *retrySchedule) covered(start time.Time) {
+	i := 0
+	for i < len(q.at) && !q.at[i].After(start) {
+		i++
+	}
+	q.at = q.at[i:]
+}
+
+// next is the earliest time, if any.
+func (q *retrySchedule) next() (time.Time, bool) {
+	if len(q.at) == 0 {
+		return time.Time{}, false
+	}
+	return q.at[0], true
+}

@@ -1,0 +1,67 @@
+package relay
+
+import (
+	"testing"
+	"time"
+)
+
+func TestWakeStateTransitions(t *testing.T) {
+	for _, c := range []struct {
+		from  wakeState
+		op    flagOp
+		slept bool
+		want  wakeState
+	}{
+		{asleep, flagNone, false, asleep},
+		{asleep, flagBusy, false, saidBusy},
+		{saidBusy, flagSleep, false, sleepPending},
+		{saidBusy, flagSleep, true, asleep},
+		{sleepPending, flagSleep, true, asleep},
+		{sleepPending, flagNone, false, sleepPending},
+	} {
+		if got := c.from.after(c.op, c.slept); got != c.want {
+			t.Errorf("%s after op %d (slept %v) = %s, want %s", c.from, c.op, c.slept, got, c.want)
+		}
+	}
+	if saidBusy.notifying() || !sleepPending.notifying() || !asleep.notifying() {
+		t.Error("only saidBusy means writers may be silent")
+	}
+}
+
+func TestRetryScheduleKeepsEveryTimeUntilCovered(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var q retrySchedule
+	q.add(t0.Add(3 * time.Second))
+	q.add(t0.Add(1 * time.Second))
+	q.add(t0.Add(2 * time.Second))
+	q.add(t0.Add(2*time.Second + time.Millisecond)) // merged with 2s: moved to 2.001s
+	if len(q.at) != 3 {
+		t.Fatalf("schedule %v: want 3 times", q.at)
+	}
+	if at, ok := q.next(); !ok || !at.Equal(t0.Add(time.Second)) {
+		t.Fatalf("next = %v, want 1s", at)
+	}
+	// A drain that started before a time does not cover it.
+	q.covered(t0.Add(500 * time.Millisecond))
+	if len(q.at) != 3 {
+		t.Fatalf("a drain before every time covered %v", q.at)
+	}
+	q.covered(t0.Add(2 * time.Second))
+	if at, ok := q.next(); !ok || !at.Equal(t0.Add(2*time.Second+time.Millisecond)) {
+		t.Fatalf("after covering 1s and 2s: next = %v, want the merged 2.001s", at)
+	}
+	q.covered(t0.Add(time.Hour))
+	if _, ok := q.next(); ok {
+		t.Fatal("everything covered, yet a time is left")
+	}
+	for i := range maxScheduled + 10 {
+		q.add(t0.Add(time.Duration(i) * time.Second))
+	}
+	if len(q.at) != maxScheduled {
+		t.Fatalf("%d times kept, want the bound %d", len(q.at), maxScheduled)
+	}
+	q.add(t0.Add(-time.Second)) // an earlier time displaces the latest
+	if at, _ := q.next(); !at.Equal(t0.Add(-time.Second)) || len(q.at) != maxScheduled {
+		t.Fatalf("earliest %v, %d kept", at, len(q.at))
+	}
+}
