@@ -57,6 +57,10 @@ type Result struct {
 	// latency, sustained: how late the open-loop schedule started a TED at
 	// worst (the writers could not keep up with --rate when this grows).
 	MaxScheduleLagMs *float64 `json:"max_schedule_lag_ms,omitempty"`
+	// latency, sustained: events slower than one second (max_ms says how
+	// slow the worst was): a wake-up missed and left for the fallback poll,
+	// or a stall.
+	OverOneS *int64 `json:"over_1s,omitempty"`
 	// writers, latency, sustained: fallback polls of the relay that found rows (each
 	// is a batch of events that waited for the poll, not for a NOTIFY).
 	PollsWithWork *int64 `json:"polls_with_work,omitempty"`
@@ -199,6 +203,17 @@ func percentiles(scenario string, xs []time.Duration, took time.Duration, settin
 	return r
 }
 
+// overOneSecond counts the latencies above one second.
+func overOneSecond(xs []time.Duration) *int64 {
+	var n int64
+	for _, x := range xs {
+		if x > time.Second {
+			n++
+		}
+	}
+	return &n
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func ptr[T any](v T) *T { return &v }
@@ -250,6 +265,7 @@ func combine(runs []Result) Result {
 	c.Errors = medianInt(runs, func(r Result) *int64 { return r.Errors })
 	c.BacklogAtEnd = medianInt(runs, func(r Result) *int64 { return r.BacklogAtEnd })
 	c.PollsWithWork = medianInt(runs, func(r Result) *int64 { return r.PollsWithWork })
+	c.OverOneS = medianInt(runs, func(r Result) *int64 { return r.OverOneS })
 	c.MaxBacklog = medianInt(runs, func(r Result) *int64 { return r.MaxBacklog })
 	c.Duplicates = medianInt(runs, func(r Result) *int64 { return r.Duplicates })
 	c.PeakRSSKB = medianInt(runs, func(r Result) *int64 { return r.PeakRSSKB })

@@ -46,6 +46,7 @@ func Latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Re
 		percentiles("latency_commit_to_stream", toStream, took, settings),
 		percentiles("latency_commit_to_verdict", toVerdict, took, settings),
 	}
+	out[0].OverOneS, out[1].OverOneS = overOneSecond(toStream), overOneSecond(toVerdict)
 	polls := f.relay.Stats().PollsWithWork
 	for i := range out {
 		out[i].Errors = ptr(f.errs.Load())

@@ -97,6 +97,7 @@ func Sustained(ctx context.Context, e Env, rate float64, d time.Duration, mode s
 	r.Errors = ptr(f.errs.Load())
 	r.MaxScheduleLagMs = ptr(ms(lag))
 	r.PollsWithWork = ptr(f.relay.Stats().PollsWithWork)
+	r.OverOneS = overOneSecond(toVerdict)
 	r.MaxBacklog = ptr(maxBacklog)
 	r.BacklogBounded = ptr(bounded)
 	return r, nil

@@ -182,7 +182,7 @@ func printBenchTable(e *env, results []bench.Result) error {
 			name string
 			v    *int64
 		}{
-			{"errors", r.Errors}, {"backlog_at_end", r.BacklogAtEnd}, {"polls_with_work", r.PollsWithWork},
+			{"errors", r.Errors}, {"backlog_at_end", r.BacklogAtEnd}, {"over_1s", r.OverOneS}, {"polls_with_work", r.PollsWithWork},
 			{"max_backlog", r.MaxBacklog}, {"duplicates", r.Duplicates}, {"peak_rss_kb", r.PeakRSSKB}, {"rss_before_kb", r.RSSBeforeKB},
 		} {
 			if f.v != nil {

@@ -72,6 +72,7 @@ func TestBenchJSON(t *testing.T) {
 			if r.N != 40 || r.MaxMs <= 0 || r.PollsWithWork == nil || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 {
 				t.Errorf("%+v", r)
 			}
+			checkOverOneS(t, r)
 		}
 	})
 	t.Run("consume", func(t *testing.T) {
@@ -98,6 +99,7 @@ func TestBenchJSON(t *testing.T) {
 		if r.N != 50 || r.MaxBacklog == nil || r.BacklogBounded == nil || r.MaxMs <= 0 {
 			t.Fatalf("%+v", r)
 		}
+		checkOverOneS(t, r)
 	})
 	t.Run("writers", func(t *testing.T) {
 		rs := benchLines(t, vars, "bench", "writers", "--writers", "1,2", "--modes", "off,idle",
@@ -138,5 +140,16 @@ func TestBenchJSON(t *testing.T) {
 		if code, stdout, _ := run(t, vars, args...); code != exitUsage || stdout != "" {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
+	}
+}
+
+// checkOverOneS: over_1s is reported and agrees with max_ms.
+func checkOverOneS(t *testing.T, r bench.Result) {
+	t.Helper()
+	switch {
+	case r.OverOneS == nil:
+		t.Errorf("%s: no over_1s", r.Scenario)
+	case (*r.OverOneS > 0) != (r.MaxMs > 1000):
+		t.Errorf("%s: over_1s=%d with max_ms=%.1f", r.Scenario, *r.OverOneS, r.MaxMs)
 	}
 }
