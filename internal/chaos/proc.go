@@ -66,7 +66,8 @@ type proc struct {
 }
 
 // incarnation is when one incarnation of a process ran; end is zero while it
-// runs.
+// runs, and when the suite SIGKILLed it, the time of the kill (it exits a
+// little later).
 type incarnation struct{ start, end time.Time }
 
 func newProc(name, bin, logPath string, logf func(string, ...any), args ...string) *proc {
@@ -188,6 +189,9 @@ func (p *proc) kill() {
 	defer p.mu.Unlock()
 	if p.aliveLocked() {
 		p.killedByUs = true
+		if n := len(p.history); n > 0 && p.history[n-1].end.IsZero() {
+			p.history[n-1].end = time.Now()
+		}
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
 }

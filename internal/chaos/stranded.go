@@ -42,10 +42,11 @@ package chaos
 //     until the replacement is up;
 //   - from a lost LISTEN connection (logged) until it is up again;
 //   - while it backs off from Redis (log "redis unavailable; backing off",
-//     retry_in), including the publish that hung before the failure was
-//     logged (publishHang);
+//     retry_in), and, if the error was a timeout, while the publish hung
+//     before (publishHang);
 //   - while it waits to retry a failed drain (log "drain failed; retrying",
-//     retry_in), including the statement that hung before (statementHang);
+//     retry_in), and, if the error was a timeout, while the statement hung
+//     before (statementHang);
 //   - for faults that cut PostgreSQL connections (pg-terminate, pg-restart,
 //     a blackhole of PostgreSQL), from the fault's Start until the relay logs
 //     a LISTEN established at or after the fault's End: a blackholed LISTEN
@@ -82,8 +83,11 @@ const (
 	// calmBefore: how long before its commit an event's phase must be free of
 	// faults for it to be judged.
 	calmBefore = 2 * time.Second
-	// strandedExamples: how many stranded events are described in detail.
-	strandedExamples = 8
+	// strandedExamples: how many stranded events are described in detail;
+	// strandedGroups: for how many preceding faults the stranded events
+	// after each are summed up.
+	strandedExamples = 5
+	strandedGroups   = 10
 )
 
 // The relay's own timings that bound its impairments (relay/relay.go,
@@ -187,6 +191,7 @@ type logEvent struct {
 	at      time.Time
 	msg     string
 	retryIn time.Duration
+	hung    bool // the error was a timeout: the failed call hung until then
 }
 
 // parseRelayLog reads a relay's log (the text handler's lines, and the
@@ -226,6 +231,9 @@ func parseRelayLog(data []byte) map[int][]logEvent {
 		ev := logEvent{at: at, msg: msg}
 		if v := field(line, "retry_in"); v != "" {
 			ev.retryIn, _ = time.ParseDuration(v)
+		}
+		if e := field(line, "error"); strings.Contains(e, "timeout") || strings.Contains(e, "deadline exceeded") {
+			ev.hung = true
 		}
 		out[cur] = append(out[cur], ev)
 	}
@@ -278,10 +286,14 @@ func buildTimeline(name string, incs []incarnation, events map[int][]logEvent) r
 				if down.IsZero() {
 					down = ev.at
 				}
-			case evBackoff:
-				tl.impaired = append(tl.impaired, span{ev.at.Add(-publishHang), ev.at.Add(ev.retryIn)})
-			case evDrainFailed:
-				tl.impaired = append(tl.impaired, span{ev.at.Add(-statementHang), ev.at.Add(ev.retryIn)})
+			case evBackoff, evDrainFailed:
+				from := ev.at
+				if ev.hung && ev.msg == evBackoff {
+					from = from.Add(-publishHang)
+				} else if ev.hung {
+					from = from.Add(-statementHang)
+				}
+				tl.impaired = append(tl.impaired, span{from, ev.at.Add(ev.retryIn)})
 			}
 		}
 		if !down.IsZero() {
@@ -314,11 +326,25 @@ func calm(windows []span, t time.Time) bool {
 	return true
 }
 
+// inWindow reports whether t is in some window.
+func inWindow(windows []span, t time.Time) bool {
+	for _, w := range windows {
+		if !t.Before(w.from) && !t.After(w.to) {
+			return true
+		}
+	}
+	return false
+}
+
 // strandedReport is what classify found.
 type strandedReport struct {
 	Judged   int
 	Stranded []eventTiming // by commit time
 	Worst    eventTiming   // the judged event with the longest delay
+	// Margin counts the events not judged although they committed outside
+	// every window (within the margins); MarginWorst is the slowest.
+	Margin      int
+	MarginWorst eventTiming
 }
 
 // classify judges the events that committed in calm phases.
@@ -326,6 +352,12 @@ func classify(events []eventTiming, windows []span) strandedReport {
 	var rep strandedReport
 	for _, e := range events {
 		if !calm(windows, e.Commit) {
+			if !inWindow(windows, e.Commit) {
+				if rep.Margin == 0 || e.delay() > rep.MarginWorst.delay() {
+					rep.MarginWorst = e
+				}
+				rep.Margin++
+			}
 			continue
 		}
 		if rep.Judged == 0 || e.delay() > rep.Worst.delay() {
@@ -350,14 +382,23 @@ func faultWindows(faults []FaultRecord, setupBack time.Time) []span {
 	return ws
 }
 
-// nearestFaults describes the fault whose window ended last before t and the
-// first that started after it.
-func nearestFaults(faults []FaultRecord, t time.Time) string {
-	var prev, next = -1, -1
+// faultBefore returns the index of the fault whose window ended last at or
+// before t, or -1.
+func faultBefore(faults []FaultRecord, t time.Time) int {
+	prev := -1
 	for i, f := range faults {
 		if !f.Back.After(t) && (prev < 0 || f.Back.After(faults[prev].Back)) {
 			prev = i
 		}
+	}
+	return prev
+}
+
+// nearestFaults describes the fault whose window ended last before t and the
+// first that started after it.
+func nearestFaults(faults []FaultRecord, t time.Time) string {
+	prev, next := faultBefore(faults, t), -1
+	for i, f := range faults {
 		if f.Start.After(t) && (next < 0 || f.Start.Before(faults[next].Start)) {
 			next = i
 		}
@@ -509,6 +550,10 @@ func (r *run) stranded(ctx context.Context, res *Result) {
 	r.detail("stranded: %d of %d events judged (committed in calm phases, %s of calm in the load); %d stranded (published more than %s after commit); worst calm delay %s (event %s); commit time from the commit timestamp (%d from created_at), at most %s after created_at",
 		rep.Judged, len(events), calmTime.Round(100*time.Millisecond), len(rep.Stranded), strandedAfter,
 		res.WorstCalm.Truncate(time.Millisecond), rep.Worst.ID, fromCreate, txMax.Round(time.Millisecond))
+	if rep.Margin > 0 {
+		r.detail("stranded: %d events committed outside the fault windows but within their margins were not judged; the slowest took %s (event %s, %s)",
+			rep.Margin, rep.MarginWorst.delay().Truncate(time.Millisecond), rep.MarginWorst.ID, nearestFaults(faults, rep.MarginWorst.Commit))
+	}
 	for i, f := range faults {
 		r.logf("fault #%d %s %s: window %s..%s (back %s after its end)", i+1, f.Kind, f.Detail,
 			stamp(f.Start), stamp(f.Back), f.Back.Sub(f.End).Round(time.Millisecond))
@@ -530,6 +575,37 @@ func (r *run) stranded(ctx context.Context, res *Result) {
 		}
 	}
 	r.detail("stranded delays: 1-2s %d, 2-5s %d, 5-10s %d, >10s %d", hist[0], hist[1], hist[2], hist[3])
+	// By the fault that preceded them, in order.
+	type group struct {
+		n           int
+		first, last time.Time
+		worst       eventTiming
+	}
+	var order []int
+	groups := map[int]*group{}
+	for _, e := range rep.Stranded {
+		i := faultBefore(faults, e.Commit)
+		g := groups[i]
+		if g == nil {
+			g = &group{first: e.Commit, worst: e}
+			groups[i] = g
+			order = append(order, i)
+		}
+		g.n++
+		g.last = e.Commit
+		if e.delay() > g.worst.delay() {
+			g.worst = e
+		}
+	}
+	for _, i := range order[:min(strandedGroups, len(order))] {
+		g, what := groups[i], "before any fault"
+		if i >= 0 {
+			f := faults[i]
+			what = fmt.Sprintf("after fault #%d %s %s (back at %s)", i+1, f.Kind, f.Detail, stamp(f.Back))
+		}
+		r.detail("stranded %s: %d events committed %s..%s, worst %s (event %s)", what, g.n, stamp(g.first), stamp(g.last),
+			g.worst.delay().Truncate(time.Millisecond), g.worst.ID)
+	}
 	for _, e := range rep.Stranded[:min(strandedExamples, len(rep.Stranded))] {
 		r.detail("stranded event %s: committed %s, published %s (%s later) by %s; %s", e.ID, stamp(e.Commit), stamp(e.Publish),
 			e.delay().Round(time.Millisecond), e.ClaimedBy, nearestFaults(faults, e.Commit))

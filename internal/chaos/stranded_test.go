@@ -64,12 +64,24 @@ func (l *relayLog) listenLost(d, retry time.Duration) {
 		"attempt", 1, "retry_in", retry)
 }
 
-func (l *relayLog) backoff(d, retry time.Duration) {
-	l.line(d, slog.LevelWarn, "redis unavailable; backing off", "released", 3, "retry_in", retry, "error", errors.New("OOM command not allowed"))
+// backoff logs a publish round Redis refused: at once (OOM), or after the
+// publish timed out.
+func (l *relayLog) backoff(d, retry time.Duration, timedOut bool) {
+	err := errors.New("OOM command not allowed when used memory > 'maxmemory'.")
+	if timedOut {
+		err = errors.New("read tcp 127.0.0.1:60236->127.0.0.1:39109: i/o timeout")
+	}
+	l.line(d, slog.LevelWarn, "redis unavailable; backing off", "released", 3, "retry_in", retry, "error", err)
 }
 
-func (l *relayLog) drainFailed(d time.Duration) {
-	l.line(d, slog.LevelWarn, "drain failed; retrying", "error", errors.New("claim: timeout: context deadline exceeded"), "retry_in", time.Second)
+// drainFailed logs a failed drain: at once (connection refused), or after
+// the claim timed out.
+func (l *relayLog) drainFailed(d time.Duration, timedOut bool) {
+	err := errors.New("claim: failed to connect to `user=postgres database=chaos`: 127.0.0.1:45165 (127.0.0.1): dial error: connect: connection refused")
+	if timedOut {
+		err = errors.New("claim: timeout: context deadline exceeded")
+	}
+	l.line(d, slog.LevelWarn, "drain failed; retrying", "error", err, "retry_in", time.Second)
 }
 
 func TestParseRelayLog(t *testing.T) {
@@ -78,7 +90,7 @@ func TestParseRelayLog(t *testing.T) {
 	l.started(10 * ms)
 	l.listening(20 * ms)
 	l.line(30*ms, slog.LevelDebug, "go-redis: something with msg=listening in it")
-	l.backoff(2*time.Second, 400*ms)
+	l.backoff(2*time.Second, 400*ms, true)
 	l.ended(1)
 	l.start(2, 3*time.Second)
 	l.listenLost(4*time.Second, 200*ms)
@@ -87,13 +99,13 @@ func TestParseRelayLog(t *testing.T) {
 	if len(got[1]) != 2 || len(got[2]) != 2 {
 		t.Fatalf("events by incarnation: %+v\nlog:\n%s", got, l.buf.String())
 	}
-	want := []logEvent{{at(20 * ms), evListening, 0}, {at(2 * time.Second), evBackoff, 400 * ms}}
+	want := []logEvent{{at(20 * ms), evListening, 0, false}, {at(2 * time.Second), evBackoff, 400 * ms, true}}
 	for i, e := range got[1] {
-		if !e.at.Equal(want[i].at) || e.msg != want[i].msg || e.retryIn != want[i].retryIn {
+		if e != want[i] {
 			t.Errorf("incarnation 1 event %d = %+v, want %+v", i, e, want[i])
 		}
 	}
-	if e := got[2][0]; e.msg != evListenLost || e.retryIn != 200*ms || !e.at.Equal(at(4*time.Second)) {
+	if e := got[2][0]; e.msg != evListenLost || e.retryIn != 200*ms || !e.at.Equal(at(4*time.Second)) || !e.hung {
 		t.Errorf("incarnation 2 event 0 = %+v", e)
 	}
 }
@@ -104,14 +116,16 @@ func TestBuildTimeline(t *testing.T) {
 	l := newRelayLog("r1")
 	l.start(1, 0)
 	l.listening(100 * ms)
-	l.backoff(5*time.Second, 800*ms) // publish hung up to 2.5s before
+	l.backoff(5*time.Second, 800*ms, true) // the publish hung 2.5s before
+	l.backoff(7*time.Second, 300*ms, false)
 	l.ended(1)
 	l.start(2, 10200*ms)
 	l.listening(11 * time.Second)
 	l.listenLost(20*time.Second, 100*ms)
 	l.listening(21 * time.Second)
-	l.drainFailed(40 * time.Second) // the claim may have hung 10s before
-	l.ended(2)                      // stopped for good at the end of the run
+	l.drainFailed(40*time.Second, true) // the claim hung 10s before
+	l.drainFailed(45*time.Second, false)
+	l.ended(2) // stopped for good at the end of the run
 	incs := []incarnation{{at(0), at(10 * time.Second)}, {at(10200 * ms), at(50 * time.Second)}}
 	tl := buildTimeline("r1", incs, parseRelayLog(l.buf.Bytes()))
 
@@ -133,6 +147,9 @@ func TestBuildTimeline(t *testing.T) {
 		{2600 * ms, true}, // the publish that failed at 5s may have hung since 2.5s
 		{5700 * ms, true},
 		{5800 * ms, false},
+		{6900 * ms, false}, // OOM: refused at once
+		{7100 * ms, true},
+		{7300 * ms, false},
 		{10100 * ms, true}, // killed, not yet restarted
 		{10500 * ms, true}, // restarted, LISTEN not yet up
 		{11 * time.Second, false},
@@ -142,6 +159,9 @@ func TestBuildTimeline(t *testing.T) {
 		{30500 * ms, true}, // the failed drain's claim may have hung since 30s
 		{40500 * ms, true}, // retrying it
 		{41 * time.Second, false},
+		{44900 * ms, false}, // connection refused at once
+		{45500 * ms, true},
+		{46 * time.Second, false},
 		{50 * time.Second, false}, // the run is over
 		{time.Hour, false},
 	} {
@@ -253,6 +273,10 @@ func TestClassify(t *testing.T) {
 	}
 	if rep.Judged != 5 {
 		t.Errorf("judged %d, want 5 (fast slow edge calm-before late)", rep.Judged)
+	}
+	// setup, before, after: outside the windows, within the margins.
+	if rep.Margin != 3 || rep.MarginWorst.ID != "before" {
+		t.Errorf("margin %d, slowest %s; want 3, before", rep.Margin, rep.MarginWorst.ID)
 	}
 	if rep.Worst.ID != "slow" || rep.Worst.delay() != 4*time.Second {
 		t.Errorf("worst %s %s, want slow 4s", rep.Worst.ID, rep.Worst.delay())
