@@ -62,7 +62,10 @@ var DefaultRedisArgs = []string{"--appendonly", "yes", "--appendfsync", "always"
 // postgresArgs: testenv's servers run with synchronous_commit=off, under
 // which a crash of PostgreSQL can lose commits that other sessions (the relay)
 // already saw and published. The outbox needs durable commits.
-var postgresArgs = []string{"-c", "synchronous_commit=on"}
+//
+// track_commit_timestamp: the stranded-event analysis (stranded.go) reads
+// each settle transaction's commit time.
+var postgresArgs = []string{"-c", "synchronous_commit=on", "-c", "track_commit_timestamp=on"}
 
 // Kinds of fault, in the order of the summary line.
 const (
@@ -83,12 +86,18 @@ var Kinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClien
 // Failpoints are the relay's and the consumer's dangerous points.
 var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-read", "fraud.after-effect"}
 
-// Relay and consumer settings of the run: a short poll so that a half-open
-// LISTEN connection is noticed quickly, and a short lease and claim idle time
+// Relay and consumer settings of the run: a short lease and claim idle time
 // so that a claim or a delivery abandoned by a killed process comes back in
 // seconds rather than the production defaults' 30s.
+//
+// The relays poll at the default interval (5s), as in production: a shorter
+// poll would hide events that wait for it instead of being woken (stranded
+// events, stranded.go). It also means a half-open LISTEN connection is found
+// only after four quiet polls and a ping (about 25s); the poll delivers
+// meanwhile, and the stranded analysis counts that time as the fault's.
+// Debug logs: the analysis reads when each relay's LISTEN is up ("listening").
 var (
-	relayArgs = []string{"--poll", "500ms", "--lease", "5s"}
+	relayArgs = []string{"--lease", "5s", "--log-level", "debug"}
 	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s"}
 )
 
@@ -99,6 +108,9 @@ type FaultRecord struct {
 	Start    time.Time
 	End      time.Time     // when the fault stopped being injected
 	Recovery time.Duration // from End until the pipeline caught up (-1: never)
+	// Back: when the relays' wake-up path was back after the fault; the
+	// fault's window in the stranded analysis is [Start, Back] (stranded.go).
+	Back time.Time
 	// UnderLoad: settle was still producing TEDs when the fault began.
 	UnderLoad bool
 	Note      string
@@ -115,6 +127,11 @@ type Result struct {
 	Problems                       []string // every failed check; empty means the run passed
 	Details                        []string // diagnostics worth printing
 	StreamEntries, DuplicatesInRed int
+	// Stranded events (stranded.go): of the Judged events, committed in
+	// calm phases, how many were published more than a second after their
+	// commit, and the longest commit-to-publish delay among them.
+	Judged, Stranded int
+	WorstCalm        time.Duration
 }
 
 // Summary is the one line a run prints.
@@ -127,8 +144,8 @@ func (r Result) Summary() string {
 	for _, k := range Kinds {
 		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
 	}
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d faults=%s max_recovery=%.1fs duration=%.0fs",
-		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, strings.Join(fs, ","),
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s max_recovery=%.1fs duration=%.0fs",
+		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
 		r.MaxRecovery.Seconds(), r.Duration.Seconds())
 }
 
@@ -185,6 +202,9 @@ type run struct {
 
 	settleDone chan struct{}
 	settleRuns int
+	loadStart  time.Time
+	// firstEntry is the id of the first stream entry of each event id.
+	firstEntry map[string]string
 	stuck      bool // a fault never recovered
 
 	mu       sync.Mutex
@@ -231,6 +251,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			cfg.Logf("%s %s", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		},
 		settleDone: make(chan struct{}),
+		firstEntry: map[string]string{},
 	}
 	res.Seed = cfg.Seed
 	defer r.teardown()
@@ -240,6 +261,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	loadCtx, cancelLoad := context.WithCancel(ctx)
 	defer cancelLoad()
+	r.loadStart = time.Now()
 	go r.settleLoop(loadCtx)
 	monCtx, cancelMon := context.WithCancel(ctx)
 	defer cancelMon()
@@ -255,6 +277,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	r.stopAll()
 	cancelMon()
 	r.verify(ctx, &res)
+	r.stranded(ctx, &res)
 
 	r.mu.Lock()
 	res.Faults = slices.Clone(r.faults)

@@ -50,7 +50,11 @@ func TestChaos(t *testing.T) {
 	defer cancel()
 	res, err := Run(ctx, cfg)
 	for _, f := range res.Faults {
-		t.Logf("fault %-17s %-28s recovery %6.2fs  %s", f.Kind, f.Detail, f.Recovery.Seconds(), f.Note)
+		back := "?"
+		if !f.Back.IsZero() {
+			back = fmt.Sprintf("%5.2fs", f.Back.Sub(f.End).Seconds())
+		}
+		t.Logf("fault %-17s %-28s recovery %6.2fs  back %s  %s", f.Kind, f.Detail, f.Recovery.Seconds(), back, f.Note)
 	}
 	for _, k := range res.ByKind() {
 		t.Log(k)

@@ -152,13 +152,17 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		if r.rng.IntN(4) == 0 {
 			targets = group
 		}
+		flag := ""
+		if f.kind == KillRelay {
+			flag = r.idleFlag(ctx)
+		}
 		var names []string
 		for _, p := range targets {
 			p.kill()
 			names = append(names, p.name)
 		}
 		rec.Detail = strings.Join(names, "+")
-		rec.Note = "SIGKILL"
+		rec.Note = "SIGKILL" + flag
 	case Failpoint:
 		rec.Detail, rec.Note = r.failpoint(f.variant)
 	case PGTerminate:
@@ -251,6 +255,22 @@ func (r *run) failpoint(point string) (detail, note string) {
 		p.kill()
 		return detail, "did not fire within 30s (no traffic?); killed instead"
 	}
+}
+
+// idleFlag describes the relays' idle flag (0006_outbox_notify_idle.sql)
+// just before a kill: a relay killed while the flag says "draining" leaves
+// writers silent until some relay says it sleeps again.
+func (r *run) idleFlag(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	var v int
+	if err := r.mon.QueryRow(ctx, "SELECT last_value FROM outbox_relay_idle").Scan(&v); err != nil {
+		return "; idle flag unknown"
+	}
+	if v == 0 {
+		return "; idle flag 0 (a relay was draining: writers did not notify)"
+	}
+	return "; idle flag 1 (writers notified)"
 }
 
 func (r *run) pgTerminate(ctx context.Context) (int, error) {

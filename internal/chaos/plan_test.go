@@ -62,10 +62,10 @@ func TestScheduleIsReplayableFromTheSeed(t *testing.T) {
 }
 
 func TestSummaryLine(t *testing.T) {
-	res := Result{Seed: 9, Transfers: 10, Events: 10, Verdicts: 10, MaxRecovery: 1500 * time.Millisecond, Duration: 61 * time.Second,
+	res := Result{Seed: 9, Transfers: 10, Events: 10, Verdicts: 10, Judged: 8, Stranded: 1, WorstCalm: 5012 * time.Millisecond, MaxRecovery: 1500 * time.Millisecond, Duration: 61 * time.Second,
 		Faults: []FaultRecord{{Kind: KillRelay}, {Kind: KillRelay}, {Kind: RedisOOM}}}
 	got := res.Summary()
-	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
+	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 stranded=1 judged=8 worst_calm_ms=5012 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
 		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1 max_recovery=1.5s duration=61s"
 	if got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)

@@ -60,7 +60,15 @@ type proc struct {
 	problems    []string // unexpected exits and ignored SIGTERMs
 	fired       chan string
 	loopDone    chan struct{}
+	// history has one entry per incarnation (history[n-1] for #n): when it
+	// started and ended, for the stranded-event analysis (stranded.go).
+	history []incarnation
 }
+
+// incarnation is when one incarnation of a process ran; end is zero while it
+// runs, and when the suite SIGKILLed it, the time of the kill (it exits a
+// little later).
+type incarnation struct{ start, end time.Time }
 
 func newProc(name, bin, logPath string, logf func(string, ...any), args ...string) *proc {
 	return &proc{
@@ -127,6 +135,7 @@ func (p *proc) start() (chan struct{}, error) {
 		return nil, fmt.Errorf("start %s: %w", p.name, err)
 	}
 	p.cmd, p.started, p.running, p.killedByUs, p.termSent = cmd, time.Now(), fp, false, time.Time{}
+	p.history = append(p.history, incarnation{start: p.started})
 	done := make(chan struct{})
 	p.waitDone = done
 	go func() {
@@ -140,6 +149,9 @@ func (p *proc) start() (chan struct{}, error) {
 func (p *proc) recordExit(cmd *exec.Cmd, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if n := len(p.history); n > 0 && p.history[n-1].end.IsZero() {
+		p.history[n-1].end = time.Now()
+	}
 	ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	var kind exitKind
 	switch {
@@ -177,6 +189,9 @@ func (p *proc) kill() {
 	defer p.mu.Unlock()
 	if p.aliveLocked() {
 		p.killedByUs = true
+		if n := len(p.history); n > 0 && p.history[n-1].end.IsZero() {
+			p.history[n-1].end = time.Now()
+		}
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
 }
@@ -291,6 +306,13 @@ func (p *proc) aliveLocked() bool {
 	default:
 		return true
 	}
+}
+
+// incarnations returns a copy of the process's history.
+func (p *proc) incarnations() []incarnation {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]incarnation(nil), p.history...)
 }
 
 func (p *proc) report() (exits map[exitKind]int, problems []string, incarnations int) {

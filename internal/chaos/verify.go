@@ -180,6 +180,9 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		for _, m := range msgs {
 			id, _ := m.Values["event_id"].(string)
 			inStream[id]++
+			if _, ok := r.firstEntry[id]; !ok {
+				r.firstEntry[id] = m.ID // XRANGE is in id order
+			}
 			entries++
 		}
 		if len(msgs) < 1000 {
