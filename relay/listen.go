@@ -23,7 +23,11 @@ const (
 	listenPingEvery    = 4
 	listenBackoffMin   = 100 * time.Millisecond
 	listenBackoffMax   = 30 * time.Second
-	listenHealthyAfter = time.Minute
+	// listenHealthyAfter: a connection that lasted this long resets the
+	// backoff. (At a minute, repeated short outages grew the wait to 25 s,
+	// the LISTEN connection stayed down meanwhile, and every event waited
+	// for the poll: found by the chaos suite.)
+	listenHealthyAfter = 10 * time.Second
 )
 
 // listenLoop keeps one dedicated connection LISTENing and turns every
@@ -44,7 +48,9 @@ func (r *Relay) listenLoop(ctx context.Context) {
 			failures = 0
 		}
 		failures++
-		d := retry.Backoff(failures, listenBackoffMin, listenBackoffMax)
+		// No longer than a poll interval: while LISTEN is down, every event
+		// waits for the poll; a reconnect attempt per poll costs little.
+		d := retry.Backoff(failures, listenBackoffMin, min(listenBackoffMax, max(r.cfg.PollInterval, time.Second)))
 		r.log.Warn("listen connection lost; reconnecting", slog.Any("error", err),
 			slog.Int("attempt", failures), slog.Duration("retry_in", d))
 		// The poll keeps draining meanwhile; once LISTENing again, listen

@@ -149,7 +149,7 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
-		state: saidBusy,
+		state: unsure,
 	}, nil
 }
 
@@ -341,7 +341,7 @@ const (
 // case a relay that crashed while draining left writers silent.
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
 	if r.resync.Swap(false) {
-		r.state = saidBusy
+		r.state = unsure
 	}
 	op := flagNone
 	if polled {
@@ -351,7 +351,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 	// around it would cost two statements and buy nothing. Writers are told
 	// to stop notifying only once a second claim in a row finds rows: the
 	// relay is then draining a stream of commits.
-	nonEmpty, lingered := 0, 0
+	nonEmpty, lingered, sleepTries := 0, 0, 0
 	// Redis refused the last batch as a whole: wait out the backoff before
 	// the first claim, even if a notification woke this drain early, so that
 	// an outage costs one publish round per backoff step, not one per commit.
@@ -382,8 +382,8 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		if err != nil {
 			// The round trip may have told writers "busy" before it failed
 			// (the flag is a sequence: its change is not rolled back), or a
-			// later step failed after it did: assume they are silent.
-			r.state = saidBusy
+			// later step failed after it did: they may be silent.
+			r.state = unsure
 		} else {
 			r.state = r.state.after(op, res.Slept)
 		}
@@ -413,7 +413,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 			retry.Sleep(ctx, d)
 		case res.Claimed == 0 && r.state == asleep:
 			return published, nil
-		case res.Claimed == 0 && lingered < busyLingerClaims:
+		case res.Claimed == 0 && r.state == saidBusy && lingered < busyLingerClaims:
 			// Busy, and the claim came back empty: commits arrive in waves
 			// (one per WAL flush), so wait a little for the next one before
 			// asking writers to notify again. Each NOTIFY costs its writer a
@@ -423,9 +423,10 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		case res.Claimed == 0:
 			if sent == flagSleep {
 				// The sleep found writers that saw us busy still in their
-				// transactions: try again a little later.
-				lingered++
-				retry.Sleep(ctx, retry.Backoff(max(lingered-busyLingerClaims, 1), busyLingerStep, 100*time.Millisecond))
+				// transactions: try again a little later, or at once if a
+				// notification comes (writers that read "sleep" send one).
+				sleepTries++
+				r.pause(ctx, retry.Backoff(sleepTries, busyLingerStep, 100*time.Millisecond))
 			}
 			op = flagSleep
 		default:
@@ -434,10 +435,10 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 				r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.brokerFailures))
 			}
 			r.brokerFailures, r.brokerDownUntil = 0, time.Time{} // Redis took this batch
-			if nonEmpty++; r.state.notifying() && nonEmpty >= 2 {
+			if nonEmpty++; r.state != saidBusy && nonEmpty >= 2 {
 				op = flagBusy
 			}
-			if !r.state.notifying() && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+			if r.state == saidBusy && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
 				// Busy with a stream of small batches: let commits gather
 				// rather than pay a claim, a pipeline and a mark for a few
 				// rows each time (on 2 cores that work competes with the
@@ -447,6 +448,18 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		}
 	}
 	return published, nil
+}
+
+// pause waits for d, or less if a notification arrives (it is consumed: the
+// caller claims next).
+func (r *Relay) pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-r.wake:
+	}
 }
 
 // A relay that told writers it is busy claims up to busyLingerClaims more

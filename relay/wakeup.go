@@ -17,14 +17,18 @@ import (
 // Whenever it cannot know what writers were told (it just started, a round
 // trip that may have carried a word failed, the LISTEN connection came back
 // after PostgreSQL may have crashed and undone an asynchronous change of the
-// flag), it assumes the worst, saidBusy, which makes it say "sleep" before it
-// waits.
+// flag), it is unsure, which makes it say "sleep" at its next empty claim
+// before it waits.
 type wakeState int
 
 const (
-	// saidBusy: writers may be silent (the flag may be 0). The relay keeps
-	// claiming and must say "sleep" before it waits.
-	saidBusy wakeState = iota
+	// unsure: writers may be silent, or not. Say "sleep" at the first
+	// empty claim.
+	unsure wakeState = iota
+	// saidBusy: this relay told writers it is draining (the flag is 0).
+	// It keeps claiming, lingers a little on an empty claim (commits come
+	// in waves), and must say "sleep" before it waits.
+	saidBusy
 	// sleepPending: the flag is 1 but writers that read 0 may still be in
 	// their transactions; their rows will wake nobody. Claim again a little
 	// later, after another "sleep" that finds none of them.
@@ -36,6 +40,8 @@ const (
 
 func (s wakeState) String() string {
 	switch s {
+	case unsure:
+		return "unsure"
 	case saidBusy:
 		return "busy"
 	case sleepPending:
@@ -47,7 +53,7 @@ func (s wakeState) String() string {
 }
 
 // notifying: the flag is 1, so writers notify.
-func (s wakeState) notifying() bool { return s != saidBusy }
+func (s wakeState) notifying() bool { return s == sleepPending || s == asleep }
 
 // after is the state once a round trip that carried op succeeded; slept is
 // what its outbox_relay_sleep returned.

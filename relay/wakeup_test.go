@@ -18,13 +18,16 @@ func TestWakeStateTransitions(t *testing.T) {
 		{saidBusy, flagSleep, true, asleep},
 		{sleepPending, flagSleep, true, asleep},
 		{sleepPending, flagNone, false, sleepPending},
+		{unsure, flagNone, false, unsure},
+		{unsure, flagSleep, true, asleep},
+		{unsure, flagBusy, false, saidBusy},
 	} {
 		if got := c.from.after(c.op, c.slept); got != c.want {
 			t.Errorf("%s after op %d (slept %v) = %s, want %s", c.from, c.op, c.slept, got, c.want)
 		}
 	}
-	if saidBusy.notifying() || !sleepPending.notifying() || !asleep.notifying() {
-		t.Error("only saidBusy means writers may be silent")
+	if saidBusy.notifying() || unsure.notifying() || !sleepPending.notifying() || !asleep.notifying() {
+		t.Error("writers notify only after a sleep")
 	}
 }
 
