@@ -6,16 +6,19 @@ package outbox_test
 // point armed (OUTBOX_FAILPOINT), which SIGKILLs it at exactly that point.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -681,11 +684,30 @@ func TestFailingEventGoesDeadWithoutBlockingOthers(t *testing.T) {
 	cfg := f.relayConfig("r1")
 	cfg.PollInterval, cfg.MaxAttempts = 5*time.Millisecond, 4
 	cfg.BackoffBase, cfg.BackoffMax = 10*time.Millisecond, 40*time.Millisecond
+	var logs syncBuffer
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	r := f.newRelay(cfg, nil)
 	f.run(r.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'poison' AND status = 'dead'") == 1
 	}, "poison event never went dead")
+	// The death is an ERROR that names the event and says why.
+	var deaths []map[string]any
+	for _, line := range bytes.Split(logs.Bytes(), []byte("\n")) {
+		var rec map[string]any
+		if json.Unmarshal(line, &rec) == nil && rec["level"] == "ERROR" {
+			deaths = append(deaths, rec)
+		}
+	}
+	var poisonID string
+	if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_type = 'poison'").Scan(&poisonID); err != nil {
+		t.Fatal(err)
+	}
+	if len(deaths) != 1 || deaths[0]["event_id"] != poisonID || deaths[0]["aggregate_type"] != "poison" ||
+		deaths[0]["aggregate_id"] != "p1" || deaths[0]["event_type"] != "x" || deaths[0]["attempts"] != float64(4) ||
+		deaths[0]["max_attempts"] != float64(4) || !strings.Contains(fmt.Sprint(deaths[0]["last_error"]), "WRONGTYPE") {
+		t.Fatalf("want one ERROR naming the dead event %s with its attempts and last error; got %v", poisonID, deaths)
+	}
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'transfer' AND status = 'published'") == len(teds)
 	}, "transfer events not all published next to a poison event")

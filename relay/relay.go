@@ -656,7 +656,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 			}
 			r.log.Warn("publish failed", slog.String("event_id", m.ID.String()),
 				slog.String("event_type", m.EventType), slog.String("aggregate_id", m.AggregateID),
-				slog.Int("attempt", m.Attempts+1), slog.Any("error", errs[i]))
+				slog.Int("attempt", m.Attempts+1), slog.Int("max_attempts", r.cfg.MaxAttempts), slog.Any("error", errs[i]))
 		}
 	}
 
@@ -677,11 +677,11 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 		}
 	}
 	if len(failIDs) > 0 {
-		tag, err := r.exec(ctx, r.qMarkFailed, failIDs, failErrs, failDelays, token, r.cfg.MaxAttempts)
+		n, err := r.markFailed(ctx, token, failIDs, failErrs, failDelays)
 		if err != nil {
 			return res, next, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
 		}
-		res.Failed = int(tag.RowsAffected())
+		res.Failed = n
 	}
 	if len(releaseIDs) > 0 {
 		n, err := r.release(ctx, token, releaseIDs, releaseDelay, res.Err)
@@ -695,6 +695,47 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	r.stats.failed.Add(int64(res.Failed))
 	r.stats.released.Add(int64(res.Released))
 	return res, next, nil
+}
+
+// failedRow is a row relay_mark_failed updated.
+type failedRow struct {
+	ID            uuid.UUID
+	Attempts      int
+	EventType     string
+	AggregateType string
+	AggregateID   string
+	LastError     string
+	Dead          bool
+}
+
+// markFailed records failed publishes of rows the claim token still owns and
+// reports each row that went dead at ERROR: it will not be published again
+// until an operator retries it (outbox dead retry), and the events of its
+// aggregate after it wait for that.
+func (r *Relay) markFailed(ctx context.Context, token uuid.UUID, ids []uuid.UUID, errs []string, delays []int64) (int, error) {
+	var (
+		b    pgx.Batch
+		rows []failedRow
+	)
+	queueRelayTx(&b)
+	b.Queue(r.qMarkFailed, ids, errs, delays, token, r.cfg.MaxAttempts).Query(func(rs pgx.Rows) error {
+		var err error
+		rows, err = pgx.CollectRows(rs, pgx.RowToStructByPos[failedRow])
+		return err
+	})
+	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return 0, err
+	}
+	for _, row := range rows {
+		if row.Dead {
+			r.log.Error("event dead: not published after max_attempts; retry it with 'outbox dead retry'",
+				slog.String("event_id", row.ID.String()), slog.String("event_type", row.EventType),
+				slog.String("aggregate_type", row.AggregateType), slog.String("aggregate_id", row.AggregateID),
+				slog.Int("attempts", row.Attempts), slog.Int("max_attempts", r.cfg.MaxAttempts),
+				slog.String("last_error", row.LastError))
+		}
+	}
+	return len(rows), nil
 }
 
 // markPublished sends m's mark on its own and counts it in res.

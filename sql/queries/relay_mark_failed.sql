@@ -1,6 +1,6 @@
 -- Record failed publishes of rows this claim still owns: one more attempt, the
 -- error kept, and either a retry after the given backoff or, once the attempts
--- reach $5, the dead-letter status.
+-- reach $5, the dead-letter status. Returns the rows that went dead.
 UPDATE outbox_messages o
    SET attempts = o.attempts + 1,
        last_error = x.error,
@@ -11,3 +11,4 @@ UPDATE outbox_messages o
  WHERE o.id = x.id
    AND o.claim_token = $4
    AND o.status = 'publishing'
+RETURNING o.id, o.attempts, o.event_type, o.aggregate_type, o.aggregate_id, o.last_error, o.status = 'dead' AS dead
