@@ -20,9 +20,9 @@ const (
 	// idle relay costs the database 1.25 round trips per poll interval, and
 	// a half-open LISTEN connection is found within five intervals (the poll
 	// delivers meanwhile).
-	listenPingEvery    = 4
-	listenBackoffMin   = 100 * time.Millisecond
-	listenBackoffMax   = 30 * time.Second
+	listenPingEvery  = 4
+	listenBackoffMin = 100 * time.Millisecond
+	listenBackoffMax = 30 * time.Second
 	// listenHealthyAfter: a connection that lasted this long resets the
 	// backoff. (At a minute, repeated short outages grew the wait to 25 s,
 	// the LISTEN connection stayed down meanwhile, and every event waited
