@@ -87,10 +87,12 @@ func (e *env) main(ctx context.Context, args []string) int {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
 		case errors.As(err, new(usageError)):
-			fmt.Fprintf(stderr, "outbox %s: %v (see 'outbox %s -h')\n", c.name, err, c.name)
+			fmt.Fprintf(stderr, "outbox %s: %s (see 'outbox %s -h')\n", c.name, connect.RedactSecrets(err.Error()), c.name)
 			return exitUsage
 		default:
-			fmt.Fprintf(stderr, "outbox %s: %v\n", c.name, oneLine(err))
+			// Last line of defence: whatever produced the error, no
+			// credential it quotes reaches the terminal.
+			fmt.Fprintf(stderr, "outbox %s: %s\n", c.name, connect.RedactSecrets(oneLine(err)))
 			return exitFailure
 		}
 	}
@@ -157,7 +159,7 @@ func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", c.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: redactAttr}
 	var log *slog.Logger
 	switch c.logFormat {
 	case "text":
@@ -176,4 +178,21 @@ func envOr(getenv func(string) string, key, def string) string {
 		return v
 	}
 	return def
+}
+
+// redactAttr scrubs credentials from every log message, string and error
+// (internal/connect.RedactSecrets): a driver's error may quote a connection
+// string.
+func redactAttr(_ []string, a slog.Attr) slog.Attr {
+	switch v := a.Value; v.Kind() {
+	case slog.KindString:
+		if s := v.String(); s != "" {
+			a.Value = slog.StringValue(connect.RedactSecrets(s))
+		}
+	case slog.KindAny:
+		if err, ok := v.Any().(error); ok {
+			a.Value = slog.StringValue(connect.RedactSecrets(err.Error()))
+		}
+	}
+	return a
 }

@@ -110,3 +110,28 @@ func TestSettleAndStatusJSON(t *testing.T) {
 		t.Fatalf("status %s: want 50 pending with an age", stdout)
 	}
 }
+
+// A credential in a server URL never reaches the output, whether the URL
+// parses or not (a bad port makes the parser quote it back).
+func TestBadServerURLsDoNotLeakPasswords(t *testing.T) {
+	const secret = "topsecret-4711"
+	for _, c := range []struct {
+		vars map[string]string
+		args []string
+	}{
+		{map[string]string{"REDIS_URL": "redis://:" + secret + "@127.0.0.1:abc/15"}, []string{"fraud", "report"}},
+		{map[string]string{"REDIS_URL": "redis://default:" + secret + "@127.0.0.1:1/0"}, []string{"fraud", "report"}},
+		{map[string]string{"DATABASE_URL": "postgres://u:" + secret + "@127.0.0.1:abc/db"}, []string{"status"}},
+		{map[string]string{"DATABASE_URL": "host=127.0.0.1 port=abc user=u password=" + secret}, []string{"status"}},
+		{map[string]string{"DATABASE_URL": "host=127.0.0.1 port=1 user=u password='" + secret + "'"}, []string{"status"}},
+		{nil, []string{"relay", "--database-url", "postgres://u:" + secret + "@127.0.0.1:1/db", "--log-level", "debug"}},
+	} {
+		code, stdout, stderr := run(t, c.vars, c.args...)
+		if code == 0 || stderr == "" {
+			t.Errorf("%v %v: exit %d, stderr %q: want a failure explained on stderr", c.vars, c.args, code, stderr)
+		}
+		if strings.Contains(stdout+stderr, secret) {
+			t.Errorf("%v %v leaks the password:\n%s%s", c.vars, c.args, stdout, stderr)
+		}
+	}
+}

@@ -122,40 +122,37 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "go-redis: "+fmt.Sprintf(format, v...))
 }
 
-// Redact returns rawURL with any password replaced by "xxxxx". Strings that
-// do not parse as URLs are replaced entirely, since they may hold secrets.
+// Redact returns rawURL with any password replaced by "xxxxx", whether or
+// not it parses (a URL with a bad port is still shown, without its password).
 func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme == "" {
-		if strings.Contains(rawURL, "password") || strings.Contains(rawURL, "@") {
-			return "(unparsable URL)"
-		}
-		return rawURL
+		return RedactSecrets(rawURL)
 	}
 	q := u.Query()
 	if q.Has("password") {
 		q.Set("password", "xxxxx")
 		u.RawQuery = q.Encode()
 	}
-	return u.Redacted()
+	return RedactSecrets(u.Redacted())
 }
 
 // redactErr returns err's text with the URL's password removed, since drivers
-// sometimes quote the connection string.
+// sometimes quote the connection string (or parts of it, decoded).
 func redactErr(err error, rawURL string) string {
-	msg := err.Error()
-	if u, perr := url.Parse(rawURL); perr == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	if u, perr := url.Parse(rawURL); perr == nil {
-		if p := u.Query().Get("password"); p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
+	return redactText(err.Error(), rawURL)
 }
+
+// redactText scrubs the passwords written in rawURL, then any credential
+// RedactSecrets recognizes, from msg.
+func redactText(msg, rawURL string) string {
+	for _, p := range passwordsIn(rawURL) {
+		msg = strings.ReplaceAll(msg, p, "xxxxx")
+	}
+	return RedactSecrets(msg)
+}
+
+var unescape = url.PathUnescape
 
 // ClosePool closes pool, waiting at most d: a connection stuck on a half-open
 // socket can hold pgxpool's Close for a minute, and a process that was told
