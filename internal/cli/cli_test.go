@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
@@ -133,5 +134,47 @@ func TestBadServerURLsDoNotLeakPasswords(t *testing.T) {
 		if strings.Contains(stdout+stderr, secret) {
 			t.Errorf("%v %v leaks the password:\n%s%s", c.vars, c.args, stdout, stderr)
 		}
+	}
+}
+
+// During an outage, status shows what the reachable side says, marks the
+// other unreachable and exits 1.
+func TestStatusShowsTheReachableSideDuringAnOutage(t *testing.T) {
+	url := outboxtest.PostgresURL(t)
+	rdb := outboxtest.NewRedis(t)
+	stream := rdb.Prefix + "outbox.event.transfer"
+	up := map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}
+	if code, _, stderr := run(t, up, "settle", "--count", "3", "--json"); code != exitOK {
+		t.Fatalf("settle: exit %d %s", code, stderr)
+	}
+	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{"k", "v"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const down = "127.0.0.1:1" // nothing listens there
+
+	redisDown := map[string]string{"DATABASE_URL": url, "REDIS_URL": "redis://" + down + "/0"}
+	code, stdout, _ := run(t, redisDown, "status", "--json", "--stream", stream)
+	var st Status
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != exitFailure || st.Pending != 3 || st.RedisError == "" || st.PostgresError != "" {
+		t.Errorf("Redis down: exit %d, %s (err %v); want exit 1, the 3 pending rows and redis_error", code, stdout, err)
+	}
+	code, stdout, _ = run(t, redisDown, "status", "--stream", stream)
+	if code != exitFailure || !strings.Contains(stdout, "pending 3") || !strings.Contains(stdout, "Redis unreachable") {
+		t.Errorf("Redis down, text: exit %d\n%s", code, stdout)
+	}
+
+	pgDown := map[string]string{"DATABASE_URL": "postgres://postgres@" + down + "/x?connect_timeout=2", "REDIS_URL": rdb.URL}
+	code, stdout, _ = run(t, pgDown, "status", "--json", "--stream", stream)
+	st = Status{}
+	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != exitFailure || st.StreamLength != 1 || st.PostgresError == "" || st.RedisError != "" {
+		t.Errorf("PostgreSQL down: exit %d, %s (err %v); want exit 1, the stream's length 1 and postgres_error", code, stdout, err)
+	}
+	code, stdout, _ = run(t, pgDown, "status", "--stream", stream)
+	if code != exitFailure || !strings.Contains(stdout, "PostgreSQL unreachable") || !strings.Contains(stdout, "length 1") {
+		t.Errorf("PostgreSQL down, text: exit %d\n%s", code, stdout)
+	}
+
+	if code, _, stderr := run(t, up, "status", "--stream", "bad stream"); code != exitUsage || !strings.Contains(stderr, "bad stream") {
+		t.Errorf("status --stream 'bad stream': exit %d %q, want a usage error", code, stderr)
 	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"time"
 
 	"context"
@@ -246,7 +247,9 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// Status is what 'outbox status --json' prints.
+// Status is what 'outbox status --json' prints. During an outage it still
+// shows what the reachable server says: the other side's figures are zero and
+// its error is in postgres_error or redis_error (and the command exits 1).
 type Status struct {
 	Pending              int64   `json:"pending"`
 	Publishing           int64   `json:"publishing"`
@@ -262,6 +265,10 @@ type Status struct {
 	GroupExists          bool    `json:"group_exists"`
 	DeadLetterStream     string  `json:"dead_letter_stream"`
 	DeadLettered         int64   `json:"dead_lettered"`
+	// PostgresError and RedisError say why a side could not be read (empty:
+	// it was read).
+	PostgresError string `json:"postgres_error,omitempty"`
+	RedisError    string `json:"redis_error,omitempty"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
@@ -274,68 +281,101 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
+	if err := (fraud.Config{Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
+		return usagef("%v", err)
+	}
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
-	if err != nil {
-		return err
+	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters()}
+	// Each side is read on its own: an operator needs the PostgreSQL backlog
+	// most when Redis is down, and the stream's state when PostgreSQL is.
+	pgErr := func() error {
+		pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := requireSchema(ctx, pool); err != nil {
+			return err
+		}
+		return readOutboxStatus(ctx, pool, &st)
+	}()
+	redisErr := func() error {
+		rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-status"})
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		return readStreamStatus(ctx, rdb, &st)
+	}()
+	if pgErr != nil {
+		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
 	}
-	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-status"})
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	st, err := readStatus(ctx, pool, rdb, *stream, *group, fraud.Keys{Prefix: *keyPrefix}.DeadLetters())
-	if err != nil {
-		return err
+	if redisErr != nil {
+		st.RedisError = connect.RedactSecrets(oneLine(redisErr))
 	}
 	if *asJSON {
-		return json.NewEncoder(e.stdout).Encode(st)
-	}
-	fmt.Fprintf(e.stdout, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
-		st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
-	fmt.Fprintf(e.stdout, "stream   %s  length %d\n", st.Stream, st.StreamLength)
-	if st.GroupExists {
-		fmt.Fprintf(e.stdout, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
+		if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
+			return err
+		}
 	} else {
-		fmt.Fprintf(e.stdout, "group    %s  not created yet\n", st.Group)
+		printStatus(e.stdout, st)
 	}
-	fmt.Fprintf(e.stdout, "dlq      %s  entries %d\n", st.DeadLetterStream, st.DeadLettered)
-	return nil
+	return errors.Join(pgErr, redisErr)
 }
 
-func readStatus(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, stream, group, dlq string) (Status, error) {
-	st := Status{Stream: stream, Group: group, DeadLetterStream: dlq}
+func printStatus(w io.Writer, st Status) {
+	if st.PostgresError != "" {
+		fmt.Fprintf(w, "outbox   PostgreSQL unreachable: %s\n", st.PostgresError)
+	} else {
+		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
+			st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
+	}
+	if st.RedisError != "" {
+		fmt.Fprintf(w, "stream   %s  Redis unreachable: %s\n", st.Stream, st.RedisError)
+		return
+	}
+	fmt.Fprintf(w, "stream   %s  length %d\n", st.Stream, st.StreamLength)
+	if st.GroupExists {
+		fmt.Fprintf(w, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
+	} else {
+		fmt.Fprintf(w, "group    %s  not created yet\n", st.Group)
+	}
+	fmt.Fprintf(w, "dlq      %s  entries %d\n", st.DeadLetterStream, st.DeadLettered)
+}
+
+func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
 	err := pool.QueryRow(ctx, outboxsql.Query("status")).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
-		return st, fmt.Errorf("read outbox status: %w", err)
+		return fmt.Errorf("read outbox status: %w", err)
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
-		return st, fmt.Errorf("count listening relays: %w", err)
+		return fmt.Errorf("count listening relays: %w", err)
 	}
-	if st.DeadLettered, err = rdb.XLen(ctx, dlq).Result(); err != nil {
-		return st, fmt.Errorf("read dead-letter stream length: %w", err)
+	return nil
+}
+
+func readStreamStatus(ctx context.Context, rdb *redis.Client, st *Status) error {
+	var err error
+	if st.DeadLettered, err = rdb.XLen(ctx, st.DeadLetterStream).Result(); err != nil {
+		return fmt.Errorf("read dead-letter stream length: %w", err)
 	}
-	if st.StreamLength, err = rdb.XLen(ctx, stream).Result(); err != nil {
-		return st, fmt.Errorf("read stream length: %w", err)
+	if st.StreamLength, err = rdb.XLen(ctx, st.Stream).Result(); err != nil {
+		return fmt.Errorf("read stream length: %w", err)
 	}
-	groups, err := rdb.XInfoGroups(ctx, stream).Result()
+	groups, err := rdb.XInfoGroups(ctx, st.Stream).Result()
 	if err != nil && !isNoSuchKey(err) {
-		return st, fmt.Errorf("read consumer groups: %w", err)
+		return fmt.Errorf("read consumer groups: %w", err)
 	}
 	for _, g := range groups {
-		if g.Name == group {
+		if g.Name == st.Group {
 			st.GroupExists, st.GroupPending, st.GroupLag = true, g.Pending, g.Lag
 		}
 	}
-	return st, nil
+	return nil
 }
 
 func isNoSuchKey(err error) bool {
