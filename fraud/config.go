@@ -156,3 +156,6 @@ func (k Keys) Window(acct string) string  { return k.Prefix + "window:" + acct }
 func (k Keys) Stats() string              { return k.Prefix + "stats" }
 func (k Keys) Alerts() string             { return k.Prefix + "alerts" }
 func (k Keys) DeadLetters() string        { return k.Prefix + "dlq" }
+
+// Consumer is the lease of a running consumer's name in a group.
+func (k Keys) Consumer(group, name string) string { return k.Prefix + "consumer:" + group + ":" + name }

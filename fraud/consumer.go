@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -58,6 +59,9 @@ type Consumer struct {
 	keys  Keys
 	log   *slog.Logger
 	stats counters
+	// token identifies this process in the consumer name's lease.
+	token        string
+	leaseRenewed time.Time
 }
 
 type counters struct {
@@ -80,10 +84,11 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Consumer{
-		cfg:  cfg,
-		rdb:  rdb,
-		keys: Keys{Prefix: cfg.KeyPrefix},
-		log:  cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
+		cfg:   cfg,
+		rdb:   rdb,
+		keys:  Keys{Prefix: cfg.KeyPrefix},
+		token: uuid.NewString(),
+		log:   cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
 	}, nil
 }
 
@@ -125,6 +130,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.EnsureGroup(ctx); err != nil {
 		return err
 	}
+	if err := c.ensureNameFree(ctx); err != nil {
+		return err
+	}
+	defer c.releaseName()
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream))
 	needPending := true
 	var pendingFailures int
@@ -152,6 +161,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			lastClaim = time.Now()
 		}
+		c.renewName(ctx)
 		_, err := c.ReadNew(ctx)
 		switch {
 		case err == nil:
@@ -480,4 +490,87 @@ func retryDelay(failures int) time.Duration {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// ErrNameInUse: another running consumer of the group has this consumer's
+// name. Two processes under one name would share one pending list, each
+// re-reading and acknowledging the other's entries.
+var ErrNameInUse = errors.New("consumer name in use")
+
+// nameLease is how a running consumer holds its name: the key
+// Keys.Consumer(group, name) holds a random token of the process and lives
+// nameLeaseTTL; the consumer renews it every loop. A consumer that crashed
+// leaves it to expire.
+func (c *Consumer) nameLeaseTTL() time.Duration { return 3*c.cfg.Block + time.Second }
+
+// ensureNameFree takes the name's lease. If another process holds it, it
+// watches the lease: one that is renewed (or taken over) belongs to a live
+// consumer, and the name is refused; one that only runs down was left by a
+// crash, and the name is taken when it expires.
+func (c *Consumer) ensureNameFree(ctx context.Context) error {
+	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
+	inUse := func() error {
+		return fmt.Errorf("%w: consumer %q of group %s is running elsewhere (it keeps renewing %s); "+
+			"give each consumer its own name (--consumer, or Config.Consumer)",
+			ErrNameInUse, c.cfg.Consumer, c.cfg.Group, key)
+	}
+	var holder string
+	var left time.Duration
+	for {
+		ok, err := c.rdb.SetNX(ctx, key, c.token, c.nameLeaseTTL()).Result()
+		if err != nil {
+			return fmt.Errorf("take the consumer name %q: %w", c.cfg.Consumer, err)
+		}
+		if ok {
+			c.leaseRenewed = time.Now()
+			return nil
+		}
+		v, verr := c.rdb.Get(ctx, key).Result()
+		ttl, terr := c.rdb.PTTL(ctx, key).Result()
+		switch {
+		case errors.Is(verr, redis.Nil) || ttl == -2*time.Nanosecond:
+			continue // expired just now
+		case verr != nil || terr != nil:
+			return fmt.Errorf("read the consumer name's lease %s: %w", key, errors.Join(verr, terr))
+		case ttl < 0:
+			return inUse() // no expiry: not a lease a crash could leave behind
+		case holder != "" && (v != holder || ttl > left+50*time.Millisecond):
+			return inUse() // renewed or taken over meanwhile: a live consumer
+		}
+		holder, left = v, ttl
+		retry.Sleep(ctx, min(ttl+10*time.Millisecond, c.cfg.Block/2, time.Second))
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// renewName extends the name's lease if a third of it has passed. Another
+// process that took the name meanwhile (this one stalled past the TTL) is
+// reported; the consumer goes on, as its effects stay exactly-once.
+func (c *Consumer) renewName(ctx context.Context) {
+	if time.Since(c.leaseRenewed) < c.nameLeaseTTL()/3 {
+		return
+	}
+	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
+	prev, err := c.rdb.SetArgs(ctx, key, c.token, redis.SetArgs{TTL: c.nameLeaseTTL(), Get: true}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return // Redis trouble shows in the read that follows
+	}
+	c.leaseRenewed = time.Now()
+	if prev != "" && prev != c.token {
+		c.log.Error("another process runs under this consumer name; give each consumer its own --consumer",
+			slog.String("key", key))
+	}
+}
+
+// releaseName gives the name back on a clean stop, so a successor need not
+// wait for the lease to expire.
+func (c *Consumer) releaseName() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
+	if v, err := c.rdb.Get(ctx, key).Result(); err == nil && v == c.token {
+		c.rdb.Del(ctx, key)
+	}
 }

@@ -48,6 +48,7 @@ func (e *env) dispatch(ctx context.Context, parent string, subs []subcommand, ar
 		quoted[i] = "'" + parent + " " + n + "'"
 	}
 	want := strings.Join(quoted, " or ")
+	e.cmd = parent
 	if len(args) == 0 {
 		return usagef("missing subcommand: want %s", want)
 	}
@@ -411,7 +412,7 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	switch {
-	case olderThan == 0:
+	case !isSet(fs, "older-than"):
 		return usagef("--older-than is required (e.g. --older-than 7d)")
 	case time.Duration(olderThan) < time.Microsecond:
 		return usagef("--older-than %s: must be positive", time.Duration(olderThan))

@@ -18,6 +18,14 @@ import (
 var benchScenarios = []string{"writers", "latency", "drain", "consume", "sustained"}
 
 func runBench(ctx context.Context, e *env, args []string) error {
+	e.cmd = "bench"
+	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help", "help"}, args[0]) {
+		fmt.Fprintf(e.stderr, "usage: outbox bench <%s> [flags]\n\n", strings.Join(benchScenarios, "|"))
+		fmt.Fprintln(e.stderr, "Measures the outbox on the servers of --database-url / --redis-url, each case in a fresh")
+		fmt.Fprintln(e.stderr, "database (docs/benchmarks.md says what each scenario measures).")
+		fmt.Fprintln(e.stderr, "\nRun 'outbox bench <scenario> -h' for its flags.")
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || !slices.Contains(benchScenarios, args[0]) {
 		return usagef("want a scenario: 'outbox bench %s'", strings.Join(benchScenarios, "|"))
 	}

@@ -59,6 +59,9 @@ func commands() []command {
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	// cmd is the (sub)command being run, e.g. "fraud dlq retry": errors
+	// name it and point to its help.
+	cmd string
 }
 
 // Main runs the command line args and returns the exit code.
@@ -87,12 +90,12 @@ func (e *env) main(ctx context.Context, args []string) int {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
 		case errors.As(err, new(usageError)):
-			fmt.Fprintf(stderr, "outbox %s: %s (see 'outbox %s -h')\n", c.name, connect.RedactSecrets(err.Error()), c.name)
+			fmt.Fprintf(stderr, "outbox %s: %s (see 'outbox %s -h')\n", e.cmdName(c.name), connect.RedactSecrets(err.Error()), e.cmdName(c.name))
 			return exitUsage
 		default:
 			// Last line of defence: whatever produced the error, no
 			// credential it quotes reaches the terminal.
-			fmt.Fprintf(stderr, "outbox %s: %s\n", c.name, connect.RedactSecrets(oneLine(err)))
+			fmt.Fprintf(stderr, "outbox %s: %s\n", e.cmdName(c.name), connect.RedactSecrets(oneLine(err)))
 			return exitFailure
 		}
 	}
@@ -124,7 +127,23 @@ type common struct {
 	logLevel    string
 }
 
+// isSet reports whether the command line gave flag name.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// cmdName is the command being run: the deepest one known, else top.
+func (e *env) cmdName(top string) string {
+	if e.cmd != "" {
+		return e.cmd
+	}
+	return top
+}
+
 func (e *env) flags(name string, c *common) *flag.FlagSet {
+	e.cmd = name
 	fs := flag.NewFlagSet("outbox "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	if c != nil {

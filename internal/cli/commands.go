@@ -113,7 +113,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	for _, w := range relay.CheckRedisDurability(ctx, rdb) {
 		log.Warn(w)
 	}
-	stopTracing, err := tracing.Setup(ctx, "outbox-relay")
+	stopTracing, err := tracing.Setup(ctx, "outbox-relay", log)
 	if err != nil {
 		return err
 	}
@@ -155,6 +155,10 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	var c common
 	var cfg fraud.Config
 	fs := fraudFlags(e, "fraud", &c, &cfg)
+	usageLine(fs, `outbox fraud [flags]        run the anti-fraud consumer
+       outbox fraud report [flags] anti-fraud totals (see 'outbox fraud report -h')
+       outbox fraud dlq <list|retry> [flags]
+                                   the consumer's dead letters (see 'outbox fraud dlq -h')`)
 	fs.StringVar(&cfg.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
 	fs.IntVar(&cfg.BatchSize, "batch", fraud.DefaultBatchSize, "entries per read")
 	fs.DurationVar(&cfg.Block, "block", fraud.DefaultBlock, "longest blocking read (bounds shutdown time)")
@@ -190,7 +194,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	stopTracing, err := tracing.Setup(ctx, "outbox-fraud")
+	stopTracing, err := tracing.Setup(ctx, "outbox-fraud", log)
 	if err != nil {
 		return err
 	}

@@ -46,8 +46,10 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	switch {
+	case !isSet(fs, "count"):
+		return usagef("--count is required: how many TEDs to settle (e.g. --count 100)")
 	case *count <= 0:
-		return usagef("--count must be positive")
+		return usagef("--count %d: must be positive", *count)
 	case *concurrency <= 0 || *concurrency > 1000:
 		return usagef("--concurrency must be between 1 and 1000")
 	case *accounts < 2:
@@ -57,10 +59,11 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	case *maxAmount <= 0:
 		return usagef("--max-amount must be positive")
 	}
-	if _, err := c.logger(e.stderr); err != nil {
+	log, err := c.logger(e.stderr)
+	if err != nil {
 		return err
 	}
-	stopTracing, err := tracing.Setup(ctx, "outbox-settle")
+	stopTracing, err := tracing.Setup(ctx, "outbox-settle", log)
 	if err != nil {
 		return err
 	}

@@ -104,6 +104,18 @@ func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client,
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
+		var answered redis.Error
+		if errors.As(err, &answered) {
+			// The server is up and said no: running is not the question.
+			hint := "check REDIS_URL or --redis-url"
+			switch msg := err.Error(); {
+			case strings.Contains(msg, "DB index is out of range"):
+				hint = fmt.Sprintf("database %d does not exist there: the URL's /N must be below the server's 'databases' setting, 16 by default", o.DB)
+			case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"), strings.Contains(msg, "NOPERM"):
+				hint = "check the user and password in REDIS_URL or --redis-url"
+			}
+			return nil, fmt.Errorf("Redis at %s refused the connection: %s (%s)", Redact(rawURL), redactErr(err, rawURL), hint)
+		}
 		return nil, fmt.Errorf("cannot reach Redis at %s: %s (is it running? set REDIS_URL or --redis-url)",
 			Redact(rawURL), redactErr(err, rawURL))
 	}

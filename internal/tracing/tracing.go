@@ -10,10 +10,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -78,16 +80,34 @@ func ReplaceJSON(ctx context.Context, raw []byte) []byte {
 // Setup installs a tracer provider that exports spans when the standard
 // OpenTelemetry variables ask for it (OTEL_TRACES_EXPORTER, or an
 // OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT); otherwise it does nothing. The
-// returned function flushes and stops the exporter.
-func Setup(ctx context.Context, serviceName string) (shutdown func(context.Context) error, err error) {
+// returned function flushes and stops the exporter. The exporter's own errors
+// (an unreachable collector) go to log, in the command's log format; the
+// console exporter writes to stderr, never into the command's output.
+func Setup(ctx context.Context, serviceName string, log *slog.Logger) (shutdown func(context.Context) error, err error) {
 	noop := func(context.Context) error { return nil }
-	if os.Getenv("OTEL_TRACES_EXPORTER") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" &&
+	kind := os.Getenv("OTEL_TRACES_EXPORTER")
+	if kind == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" &&
 		os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
 		return noop, nil
 	}
-	exp, err := autoexport.NewSpanExporter(ctx)
+	if log != nil {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			log.Warn("trace export failed", slog.Any("error", err))
+		}))
+	}
+	var exp sdktrace.SpanExporter
+	switch kind {
+	case "none":
+		return noop, nil
+	case "console":
+		exp, err = stdouttrace.New(stdouttrace.WithWriter(os.Stderr))
+	case "", "otlp":
+		exp, err = autoexport.NewSpanExporter(ctx)
+	default:
+		return noop, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: unknown trace exporter; want otlp, console or none", kind)
+	}
 	if err != nil {
-		return noop, fmt.Errorf("trace exporter: %w", err)
+		return noop, fmt.Errorf("trace exporter (OTEL_TRACES_EXPORTER=%q): %w", kind, err)
 	}
 	res := resource.Default() // honours OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
 	if os.Getenv("OTEL_SERVICE_NAME") == "" {
