@@ -178,3 +178,57 @@ func TestStatusShowsTheReachableSideDuringAnOutage(t *testing.T) {
 		t.Errorf("status --stream 'bad stream': exit %d %q, want a usage error", code, stderr)
 	}
 }
+
+// The rough edges an adopter met, each answered where it belongs.
+func TestCommandLineRoughEdges(t *testing.T) {
+	url := outboxtest.PostgresURL(t)
+	rdb := outboxtest.NewRedis(t)
+	env := map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}
+	for _, c := range []struct {
+		vars        map[string]string
+		args        []string
+		code        int
+		want, avoid string
+	}{
+		{nil, []string{"bench", "-h"}, exitOK, "writers|latency|drain|consume|sustained", "see 'outbox bench -h'"},
+		{nil, []string{"fraud", "-h"}, exitOK, "outbox fraud dlq <list|retry>", ""},
+		{nil, []string{"fraud", "dlq", "bogus"}, exitUsage, "(see 'outbox fraud dlq -h')", ""},
+		{env, []string{"dead", "retry"}, exitUsage, "(see 'outbox dead retry -h')", ""},
+		{env, []string{"fraud", "dlq", "retry"}, exitUsage, "(see 'outbox fraud dlq retry -h')", ""},
+		{env, []string{"cleanup", "--older-than", "0s"}, exitUsage, "must be positive", "required"},
+		{env, []string{"settle"}, exitUsage, "--count is required", "must be positive"},
+	} {
+		if c.vars == nil {
+			c.vars = env
+		}
+		code, stdout, stderr := run(t, c.vars, c.args...)
+		out := stdout + stderr
+		if code != c.code || !strings.Contains(out, c.want) || (c.avoid != "" && strings.Contains(out, c.avoid)) {
+			t.Errorf("%v: exit %d (want %d), output %q: want %q, not %q", c.args, code, c.code, out, c.want, c.avoid)
+		}
+	}
+
+	// A database index the server does not have is not an unreachable server.
+	u := rdb.URL[:strings.LastIndex(rdb.URL, "/")] + "/99"
+	code, _, stderr := run(t, map[string]string{"REDIS_URL": u}, "fraud", "report")
+	if code != exitFailure || strings.Contains(stderr, "is it running") || !strings.Contains(stderr, "databases") {
+		t.Errorf("db index 99: exit %d %q", code, stderr)
+	}
+
+	// Tracing: an unknown exporter names the variable; console spans stay
+	// out of --json output.
+	t.Setenv("OTEL_TRACES_EXPORTER", "zipkin2")
+	if code, _, stderr := run(t, env, "settle", "--count", "1"); code == exitOK || !strings.Contains(stderr, "OTEL_TRACES_EXPORTER") {
+		t.Errorf("unknown exporter: exit %d %q", code, stderr)
+	}
+	t.Setenv("OTEL_TRACES_EXPORTER", "console")
+	if code, _, stderr := run(t, env, "migrate"); code != exitOK {
+		t.Fatalf("migrate: %d %s", code, stderr)
+	}
+	code, stdout, stderr := run(t, env, "settle", "--count", "2", "--json")
+	var sum SettleSummary
+	// (The spans go to the process's stderr.)
+	if code != exitOK || json.Unmarshal([]byte(stdout), &sum) != nil || sum.Settled != 2 || strings.Count(stdout, "\n") != 1 {
+		t.Errorf("console exporter: exit %d, stdout %q (want only the JSON summary), stderr %q", code, stdout, stderr)
+	}
+}
