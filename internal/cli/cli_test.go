@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -225,10 +227,15 @@ func TestCommandLineRoughEdges(t *testing.T) {
 	if code, _, stderr := run(t, env, "migrate"); code != exitOK {
 		t.Fatalf("migrate: %d %s", code, stderr)
 	}
-	code, stdout, stderr := run(t, env, "settle", "--count", "2", "--json")
+	// The real binary: the exporter writes to the process's own streams.
+	cmd := exec.Command(outboxtest.Binary(t), "settle", "--count", "2", "--json")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "REDIS_URL="+rdb.URL, "OTEL_TRACES_EXPORTER=console")
+	var outb, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	err := cmd.Run()
+	stdout, stderr := outb.String(), errb.String()
 	var sum SettleSummary
-	// (The spans go to the process's stderr.)
-	if code != exitOK || json.Unmarshal([]byte(stdout), &sum) != nil || sum.Settled != 2 || strings.Count(stdout, "\n") != 1 {
-		t.Errorf("console exporter: exit %d, stdout %q (want only the JSON summary), stderr %q", code, stdout, stderr)
+	if err != nil || json.Unmarshal([]byte(stdout), &sum) != nil || sum.Settled != 2 || strings.Count(stdout, "\n") != 1 || !strings.Contains(stderr, "transfer.settle") {
+		t.Errorf("console exporter: %v, stdout %q (want only the JSON summary; spans on stderr) stderr %q", err, stdout, stderr)
 	}
 }
