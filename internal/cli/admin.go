@@ -428,11 +428,19 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	start := time.Now()
+	lastInfo := start
 	res, err := admin.Cleanup(ctx, pool, admin.CleanupOptions{
 		OlderThan: time.Duration(olderThan),
 		BatchSize: *batch,
 		OnBatch: func(r admin.CleanupResult) {
-			log.Debug("cleanup batch", slog.Int("batch", r.Batches), slog.Int64("deleted", r.Deleted))
+			// Every batch at debug; at info every 10 seconds, so that a
+			// long cleanup is seen to progress.
+			level := slog.LevelDebug
+			if time.Since(lastInfo) >= cleanupProgressEvery {
+				level, lastInfo = slog.LevelInfo, time.Now()
+			}
+			log.Log(ctx, level, "cleanup progress", slog.Int("batches", r.Batches), slog.Int64("deleted", r.Deleted),
+				slog.Float64("rows_per_s", float64(r.Deleted)/max(time.Since(start).Seconds(), 1e-9)))
 		},
 	})
 	if err != nil {
@@ -496,3 +504,6 @@ func listFooter(w io.Writer, shown int, total int64, noun, limitFlag string) {
 	}
 	fmt.Fprintf(w, "%d dead %s\n", total, plural(total, noun, noun+"s"))
 }
+
+// cleanupProgressEvery: how often a running cleanup logs its progress at info.
+const cleanupProgressEvery = 10 * time.Second

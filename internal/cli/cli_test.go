@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -237,5 +238,17 @@ func TestCommandLineRoughEdges(t *testing.T) {
 	var sum SettleSummary
 	if err != nil || json.Unmarshal([]byte(stdout), &sum) != nil || sum.Settled != 2 || strings.Count(stdout, "\n") != 1 || !strings.Contains(stderr, "transfer.settle") {
 		t.Errorf("console exporter: %v, stdout %q (want only the JSON summary; spans on stderr) stderr %q", err, stdout, stderr)
+	}
+}
+
+func TestSettleProgressLine(t *testing.T) {
+	if got := progressLine(2500, 100000, 25*time.Second); got != "2500/100000 TEDs (2%), 100/s, ETA 16m15s" {
+		t.Errorf("got %q", got)
+	}
+	if got := progressLine(10, 10, time.Second); got != "10/10 TEDs (100%), 10/s" {
+		t.Errorf("done: got %q", got)
+	}
+	if isTerminal(&bytes.Buffer{}) {
+		t.Error("a buffer is not a terminal")
 	}
 }

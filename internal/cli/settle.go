@@ -118,6 +118,25 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 		wg                      sync.WaitGroup
 	)
 	start := time.Now()
+	if isTerminal(e.stderr) {
+		// A long run on a terminal shows where it is, on stderr only
+		// (stdout stays the summary, plain or --json).
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					fmt.Fprint(e.stderr, "\r\033[K")
+					return
+				case <-t.C:
+					fmt.Fprint(e.stderr, "\r\033[K"+progressLine(settled.Load()+failed.Load(), int64(*count), time.Since(start)))
+				}
+			}
+		}()
+	}
 	for range *concurrency {
 		wg.Go(func() {
 			var mine []time.Duration
@@ -177,3 +196,14 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// progressLine says how far a run of total items is after elapsed.
+func progressLine(done, total int64, elapsed time.Duration) string {
+	rate := float64(done) / max(elapsed.Seconds(), 1e-9)
+	line := fmt.Sprintf("%d/%d TEDs (%.0f%%), %.0f/s", done, total, 100*float64(done)/float64(max(total, 1)), rate)
+	if rate > 0 && done < total {
+		eta := time.Duration(float64(total-done) / rate * float64(time.Second)).Round(time.Second)
+		line += ", ETA " + eta.String()
+	}
+	return line
+}
