@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -45,7 +46,13 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	for _, m := range res.Applied {
 		log.Info("applied migration", "version", m.Version, "name", m.Name)
 	}
-	fmt.Fprintf(e.stdout, "schema at version %d (%d applied now)\n", res.Current, len(res.Applied))
+	cc := pool.Config().ConnConfig
+	fmt.Fprintf(e.stdout, "database %s on %s:%d: schema at version %d (%d applied now)\n",
+		cc.Database, cc.Host, cc.Port, res.Current, len(res.Applied))
+	if cc.Database == "postgres" || cc.Database == "template1" {
+		log.Warn("migrated the maintenance database "+cc.Database+"; for your service's own database, set DATABASE_URL (or --database-url) to it",
+			slog.String("database", cc.Database))
+	}
 	return nil
 }
 
