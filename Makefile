@@ -32,7 +32,7 @@ test:
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts
 # its own PostgreSQL and Redis from the local binaries. CI runs the short
-# version: make chaos CHAOS_FLAGS='-chaos.n 1500 -chaos.short'.
+# version: make chaos CHAOS_FLAGS='-chaos.n 2500 -chaos.short'.
 # Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'.
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)

@@ -121,8 +121,12 @@ func Example_relay() {
 	// relay stopped: <nil>
 }
 
-// Run the anti-fraud consumer: it applies each transfer.settled event once,
-// however often it is delivered.
+// Run the anti-fraud consumer on the stream a relay with StreamPrefix
+// "example.outbox.event." publishes transfer events to: it applies each
+// transfer.settled event once, however often it is delivered. This is
+// anti-fraud's own consumer; for events of your own, read with a consumer
+// group as fraud/consumer.go does and make your effect idempotent on
+// event_id.
 func Example_consumer() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -133,7 +137,7 @@ func Example_consumer() {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	stream := "example.outbox.event.settled" // what a relay publishes to
+	stream := "example.outbox.event.transfer" // <StreamPrefix><aggregate_type>, as Example_relay publishes
 	c, err := fraud.New(rdb, fraud.Config{
 		Stream:    stream,
 		Consumer:  "fraud-1", // stable across restarts

@@ -772,6 +772,16 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		b    pgx.Batch
 	)
 	queueRelayTx(&b)
+	var injected error
+	if op == flagBusy {
+		injected = failpoint.Error("relay.after-busy")
+	}
+	if injected != nil {
+		// Crash tests: a slow round trip (a pool wait, a lock) that says
+		// "busy" late and then fails, as a terminated backend would make
+		// it. The flag stays 0 (a sequence); the mark and claim roll back.
+		b.Queue("SELECT pg_sleep(0.3)")
+	}
 	switch op {
 	case flagBusy:
 		b.Queue(r.qBusy)
@@ -789,6 +799,9 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
 		return err
 	})
+	if injected != nil {
+		b.Queue("SELECT $1::text::int", injected.Error())
+	}
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}

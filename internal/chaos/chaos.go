@@ -78,10 +78,17 @@ const (
 	PGRestart       = "pg-restart"
 	RedisKill       = "redis-kill"
 	RedisOOM        = "redis-oom"
+	BusyError       = "busy-error"
 )
 
 // Kinds lists every kind of fault.
-var Kinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM}
+var Kinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError}
+
+// RollingDeploy is not a fault: every relay in turn is stopped with SIGTERM
+// and started again, as a deploy does. It opens no fault window, so the
+// events committed meanwhile are judged by the stranded analysis: a relay
+// that stops gracefully must hand its wake-ups over to the others.
+const RollingDeploy = "rolling-deploy"
 
 // Failpoints are the relay's and the consumer's dangerous points.
 var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-read", "fraud.after-effect"}
@@ -132,6 +139,8 @@ type Result struct {
 	// commit, and the longest commit-to-publish delay among them.
 	Judged, Stranded int
 	WorstCalm        time.Duration
+	// Restarts counts the relays restarted gracefully by rolling deploys.
+	Restarts int
 }
 
 // Summary is the one line a run prints.
@@ -144,9 +153,9 @@ func (r Result) Summary() string {
 	for _, k := range Kinds {
 		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
 	}
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s max_recovery=%.1fs duration=%.0fs",
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d max_recovery=%.1fs duration=%.0fs",
 		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.MaxRecovery.Seconds(), r.Duration.Seconds())
+		r.Restarts, r.MaxRecovery.Seconds(), r.Duration.Seconds())
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load
@@ -202,10 +211,18 @@ type run struct {
 
 	settleDone chan struct{}
 	settleRuns int
-	loadStart  time.Time
+	// The load's phases (load.go), drawn from loadRng (the settle loop's
+	// own: rand.Rand is not safe for concurrent use).
+	loadRng       *rand.Rand
+	burstNow      chan struct{}
+	burstStarted  chan struct{} // a burst is starting (for rolling deploys)
+	deployBurst   chan struct{}
+	bursts, lulls int
+	loadStart     time.Time
 	// firstEntry is the id of the first stream entry of each event id.
 	firstEntry map[string]string
 	stuck      bool // a fault never recovered
+	restarts   int  // relays restarted by rolling deploys
 
 	mu       sync.Mutex
 	faults   []FaultRecord
@@ -250,8 +267,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		logf: func(format string, args ...any) {
 			cfg.Logf("%s %s", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		},
-		settleDone: make(chan struct{}),
-		firstEntry: map[string]string{},
+		settleDone:   make(chan struct{}),
+		loadRng:      rand.New(rand.NewPCG(cfg.Seed^0x5bd1e995, cfg.Seed)),
+		burstNow:     make(chan struct{}, 1),
+		burstStarted: make(chan struct{}, 1),
+		deployBurst:  make(chan struct{}, 1),
+		firstEntry:   map[string]string{},
 	}
 	res.Seed = cfg.Seed
 	defer r.teardown()
@@ -281,6 +302,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 
 	r.mu.Lock()
 	res.Faults = slices.Clone(r.faults)
+	res.Restarts = r.restarts
 	res.Problems = append(res.Problems, r.problems...)
 	res.Details = append(res.Details, r.details...)
 	r.mu.Unlock()

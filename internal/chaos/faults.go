@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,13 +24,14 @@ var (
 	// weights of the random faults after the mandatory ones.
 	weights = map[string]int{
 		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
-		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1,
+		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1, BusyError: 2,
+		RollingDeploy: 1,
 	}
 )
 
-// mandatory is the faults every run injects: each fail point first (they
-// only fire while events flow), then every other kind and variant in a random
-// order.
+// mandatory is the faults every run injects: each fail point first, then a
+// busy error and a rolling deploy (they only matter while events flow), then
+// every other kind and variant in a random order.
 func (r *run) mandatory() []planned {
 	var fps, rest []planned
 	for _, fp := range Failpoints {
@@ -49,18 +51,23 @@ func (r *run) mandatory() []planned {
 	}
 	r.rng.Shuffle(len(fps), func(i, j int) { fps[i], fps[j] = fps[j], fps[i] })
 	r.rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
-	return append(fps, rest...)
+	// The busy error and the deploy need events flowing: early, with the
+	// fail points.
+	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
+	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
+	return slices.Concat(fps, traffic, rest)
 }
 
 // random picks a weighted random fault.
 func (r *run) random() planned {
+	kinds := append(slices.Clone(Kinds), RollingDeploy)
 	total := 0
-	for _, k := range Kinds {
+	for _, k := range kinds {
 		total += weights[k]
 	}
 	n := r.rng.IntN(total)
-	kind := Kinds[0]
-	for _, k := range Kinds {
+	kind := kinds[0]
+	for _, k := range kinds {
 		if n < weights[k] {
 			kind = k
 			break
@@ -115,6 +122,11 @@ func (r *run) injectFaults(ctx context.Context) {
 			pause = 300*time.Millisecond + time.Duration(r.rng.Int64N(int64(700*time.Millisecond)))
 		}
 		time.Sleep(pause)
+		if f.kind == RollingDeploy {
+			r.rollingDeploy(ctx)
+			r.calmPhase()
+			continue
+		}
 		rec := r.inject(ctx, f)
 		rec.Recovery = r.waitRecovery(ctx, rec)
 		r.mu.Lock()
@@ -135,6 +147,9 @@ func (r *run) injectFaults(ctx context.Context) {
 			r.stuck = true
 			r.logf("the pipeline did not recover: no more faults")
 			return
+		}
+		if f.kind == BusyError || r.rng.IntN(2) == 0 {
+			r.calmPhase()
 		}
 	}
 }
@@ -165,6 +180,8 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		rec.Note = "SIGKILL" + flag
 	case Failpoint:
 		rec.Detail, rec.Note = r.failpoint(f.variant)
+	case BusyError:
+		rec.Detail, rec.Note = r.busyError()
 	case PGTerminate:
 		n, err := r.pgTerminate(ctx)
 		rec.Note = fmt.Sprintf("pg_terminate_backend on %d outbox sessions", n)
@@ -254,6 +271,86 @@ func (r *run) failpoint(point string) (detail, note string) {
 	case <-time.After(30 * time.Second):
 		p.kill()
 		return detail, "did not fire within 30s (no traffic?); killed instead"
+	}
+}
+
+// busyError restarts a relay (SIGTERM) with the relay.after-busy error point
+// armed at a random hit: one round trip that set the idle flag to "busy"
+// fails, as after a terminated backend or a statement timeout. The relay
+// stays up; it must not go to sleep believing writers notify it.
+func (r *run) busyError() (detail, note string) {
+	p := r.relays[r.rng.IntN(len(r.relays))]
+	spec := fmt.Sprintf("relay.after-busy:%d", 1+r.rng.IntN(3))
+	detail = p.name + " " + spec
+	inc := p.incarnationNo()
+	if _, err := p.arm(spec); err != nil {
+		r.problem("arming %s: %v", detail, err)
+	}
+	// A relay says "busy" when a second claim in a row finds rows: a burst.
+	r.requestBurst()
+	nextBurst := time.Now().Add(3 * time.Second)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if p.incarnationNo() > inc && p.logged("failpoint relay.after-busy") {
+			return detail, "fired: a busy round trip failed; the relay stays up"
+		}
+		if time.Now().After(nextBurst) {
+			r.requestBurst()
+			nextBurst = time.Now().Add(3 * time.Second)
+		}
+	}
+	return detail, "did not fire within 30s (no traffic?)"
+}
+
+// calmPhase injects nothing for a while: the stranded analysis judges the
+// events committed then (stranded.go). After a busy error there is always
+// one: a relay that went to sleep with writers silent strands the events of
+// the next seconds.
+func (r *run) calmPhase() {
+	d := r.between(4*time.Second, 8*time.Second)
+	r.logf("calm for %s", d)
+	time.Sleep(d)
+}
+
+// rollingDeploy redeploys every relay in turn: each is stopped gracefully
+// (SIGTERM, which must exit 0) near the end of a burst followed by a lull,
+// while it is draining and writers do not notify, and its successor starts
+// a deploy gap later; the next relay goes once it is listening. (In the
+// lull no later commit's NOTIFY rescues rows that the stopping relay left.) Meanwhile the other relays must get
+// every event within milliseconds: the stopping relay hands its wake-ups
+// over on its way out.
+func (r *run) rollingDeploy(ctx context.Context) {
+	r.logf("rolling deploy: redeploying %d relays one by one", len(r.relays))
+	for i, p := range r.relays {
+		inc := p.incarnationNo()
+		select {
+		case <-r.burstStarted: // an earlier burst's
+		default:
+		}
+		r.requestDeployBurst()
+		select {
+		case <-r.burstStarted:
+			// Into the burst, towards its end: settle starts, then commits
+			// for 200ms at 300/s, then the load pauses.
+			time.Sleep(120*time.Millisecond + time.Duration(r.rng.Int64N(int64(140*time.Millisecond))))
+		case <-time.After(5 * time.Second):
+		}
+		gap := r.between(1500*time.Millisecond, 3*time.Second)
+		took, err := p.redeploy(gap)
+		if err != nil {
+			r.problem("rolling deploy: %v", err)
+		}
+		for deadline := time.Now().Add(30 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if p.incarnationNo() > inc && p.logged(`msg=listening`) {
+				break
+			}
+		}
+		r.mu.Lock()
+		r.restarts++
+		r.mu.Unlock()
+		r.logf("rolling deploy: %s stopped in %s during a burst, back after a %s gap", p.name, took.Round(time.Millisecond), gap)
+		if i < len(r.relays)-1 {
+			time.Sleep(r.between(500*time.Millisecond, 2*time.Second))
+		}
 	}
 }
 

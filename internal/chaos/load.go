@@ -20,6 +20,11 @@ import (
 // did commit are counted in the database, not in settle's summary (a commit
 // whose acknowledgement was lost counts too), and settle is started again for
 // the remainder.
+//
+// The load comes in phases (nextPhase): steady stretches at cfg.Rate, bursts
+// that keep the relays draining (they tell writers to stop notifying, and
+// must tell them to notify again before they sleep), and lulls in which the
+// relays sleep and each next commit must wake one.
 func (r *run) settleLoop(ctx context.Context) {
 	defer close(r.settleDone)
 	logPath := filepath.Join(r.cfg.Dir, "settle.log")
@@ -34,18 +39,32 @@ func (r *run) settleLoop(ctx context.Context) {
 			if remaining < 0 {
 				r.problem("%d transfers committed, more than the %d settled", committed, r.cfg.N)
 			}
-			r.logf("load done: %d transfers committed by %d settle runs", committed, r.settleRuns)
+			r.logf("load done: %d transfers committed by %d settle runs (%d bursts, %d lulls)", committed, r.settleRuns, r.bursts, r.lulls)
 			return
 		}
+		ph := r.nextPhase()
+		if ph.lull > 0 {
+			r.lulls++
+			time.Sleep(ph.lull)
+			continue
+		}
+		if ph.burst {
+			r.bursts++
+			select {
+			case r.burstStarted <- struct{}{}:
+			default:
+			}
+		}
+		count := min(ph.count, remaining)
 		r.settleRuns++
 		log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			r.problem("settle log: %v", err)
 			return
 		}
-		fmt.Fprintf(log, "=== chaos: settle run #%d for %d TEDs (%d committed) at %s\n", r.settleRuns, remaining, committed, stamp(time.Now()))
+		fmt.Fprintf(log, "=== chaos: settle run #%d for %d TEDs at %g/s (%d committed) at %s\n", r.settleRuns, count, ph.rate, committed, stamp(time.Now()))
 		cmd := exec.CommandContext(ctx, r.cfg.Binary, "settle", "--database-url", r.dbURL,
-			"--count", strconv.Itoa(remaining), "--rate", strconv.FormatFloat(r.cfg.Rate, 'f', -1, 64),
+			"--count", strconv.Itoa(count), "--rate", strconv.FormatFloat(ph.rate, 'f', -1, 64),
 			"--concurrency", strconv.Itoa(r.cfg.Concurrency), "--json")
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
@@ -53,10 +72,73 @@ func (r *run) settleLoop(ctx context.Context) {
 		err = cmd.Run()
 		fmt.Fprintf(log, "=== chaos: settle run #%d ended: %v\n", r.settleRuns, err)
 		_ = log.Close()
+		if ph.lullAfter > 0 {
+			r.lulls++
+			time.Sleep(ph.lullAfter)
+		}
 		if err != nil {
 			r.logf("settle run #%d failed (%v); counting what committed and settling the rest", r.settleRuns, err)
 			time.Sleep(500 * time.Millisecond)
 		}
+	}
+}
+
+// phase is one stretch of load: count TEDs at rate, or a lull.
+type phase struct {
+	count int
+	rate  float64
+	burst bool
+	lull  time.Duration
+	// lullAfter: no load for this long after the phase (a deploy's burst:
+	// rows committed just before a relay stopped must not be rescued by the
+	// next commit's NOTIFY).
+	lullAfter time.Duration
+}
+
+// Load phases: a steady stretch lasts steadyFor at cfg.Rate; a burst is
+// burstCount TEDs at burstFactor times that rate (at least burstMinRate).
+const (
+	steadyFor    = 3 * time.Second
+	burstCount   = 60
+	burstFactor  = 10
+	burstMinRate = 300
+)
+
+// nextPhase picks the next phase: a burst when a fault asked for one
+// (requestBurst), otherwise steady 60%, burst 25%, lull 15% of the time.
+func (r *run) nextPhase() phase {
+	burst := phase{count: burstCount, rate: max(burstFactor*r.cfg.Rate, burstMinRate), burst: true}
+	select {
+	case <-r.deployBurst:
+		burst.lullAfter = 2 * time.Second
+		return burst
+	case <-r.burstNow:
+		return burst
+	default:
+	}
+	switch n := r.loadRng.IntN(100); {
+	case n < 60:
+		return phase{count: max(1, int(r.cfg.Rate*steadyFor.Seconds())), rate: r.cfg.Rate}
+	case n < 85:
+		return burst
+	default:
+		return phase{lull: time.Second + time.Duration(r.loadRng.Int64N(int64(time.Second)))}
+	}
+}
+
+// requestDeployBurst makes the next load phase a burst followed by a lull.
+func (r *run) requestDeployBurst() {
+	select {
+	case r.deployBurst <- struct{}{}:
+	default:
+	}
+}
+
+// requestBurst makes the next load phase a burst.
+func (r *run) requestBurst() {
+	select {
+	case r.burstNow <- struct{}{}:
+	default:
 	}
 }
 

@@ -25,7 +25,7 @@ func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
 				}
 			}
 		}
-		for _, k := range Kinds {
+		for _, k := range append(slices.Clone(Kinds), RollingDeploy) {
 			if !kinds[k] {
 				t.Errorf("short=%v: no %s in the mandatory faults %v", short, k, plan)
 			}
@@ -55,7 +55,7 @@ func TestScheduleIsReplayableFromTheSeed(t *testing.T) {
 		t.Fatal("seeds 42 and 43 gave the same schedule")
 	}
 	for _, f := range draw(1) {
-		if !slices.Contains(Kinds, f.kind) {
+		if !slices.Contains(Kinds, f.kind) && f.kind != RollingDeploy {
 			t.Errorf("unknown kind %q", f.kind)
 		}
 	}
@@ -63,10 +63,10 @@ func TestScheduleIsReplayableFromTheSeed(t *testing.T) {
 
 func TestSummaryLine(t *testing.T) {
 	res := Result{Seed: 9, Transfers: 10, Events: 10, Verdicts: 10, Judged: 8, Stranded: 1, WorstCalm: 5012 * time.Millisecond, MaxRecovery: 1500 * time.Millisecond, Duration: 61 * time.Second,
-		Faults: []FaultRecord{{Kind: KillRelay}, {Kind: KillRelay}, {Kind: RedisOOM}}}
+		Faults: []FaultRecord{{Kind: KillRelay}, {Kind: KillRelay}, {Kind: RedisOOM}, {Kind: BusyError}}, Restarts: 4}
 	got := res.Summary()
 	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 stranded=1 judged=8 worst_calm_ms=5012 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
-		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1 max_recovery=1.5s duration=61s"
+		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1,busy-error:1 restarts=4 max_recovery=1.5s duration=61s"
 	if got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}

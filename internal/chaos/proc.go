@@ -56,6 +56,7 @@ type proc struct {
 	logOffset   int64  // where the current incarnation's output starts in the log
 	termSent    time.Time
 	stopping    bool
+	gap         time.Duration // wait before the next restart (a deploy's gap)
 	exits       map[exitKind]int
 	problems    []string // unexpected exits and ignored SIGTERMs
 	fired       chan string
@@ -103,7 +104,11 @@ func (p *proc) supervise() {
 		} else {
 			delay = min(2*delay, restartDelayMax)
 		}
-		time.Sleep(delay)
+		p.mu.Lock()
+		wait := max(delay, p.gap)
+		p.gap = 0
+		p.mu.Unlock()
+		time.Sleep(wait)
 	}
 }
 
@@ -262,6 +267,45 @@ func (p *proc) arm(spec string) (time.Duration, error) {
 	return p.terminate(false)
 }
 
+// redeploy stops the current incarnation gracefully, as terminate does,
+// and has the supervisor start the next one only gap later, as a deploy
+// that starts the new version after the old one stopped.
+func (p *proc) redeploy(gap time.Duration) (time.Duration, error) {
+	p.mu.Lock()
+	p.gap = gap
+	p.mu.Unlock()
+	return p.terminate(false)
+}
+
+// incarnationNo returns the number of the current (or last) incarnation.
+func (p *proc) incarnationNo() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.incarnation
+}
+
+// logged reports whether the current incarnation's output contains s.
+func (p *proc) logged(s string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.outputContainsLocked(s)
+}
+
+// outputContainsLocked reports whether the current incarnation's output
+// contains s; p.mu must be held.
+func (p *proc) outputContainsLocked(s string) bool {
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.NewSectionReader(f, p.logOffset, 1<<30))
+	if err != nil {
+		return false
+	}
+	return bytes.Contains(b, []byte(s))
+}
+
 // ready reports whether the current incarnation has started its work.
 func (p *proc) ready() bool {
 	p.mu.Lock()
@@ -282,16 +326,7 @@ func (p *proc) readyLocked() bool {
 	if !p.aliveLocked() {
 		return false
 	}
-	f, err := os.Open(p.logPath)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.NewSectionReader(f, p.logOffset, 1<<30))
-	if err != nil {
-		return false
-	}
-	return bytes.Contains(b, []byte(`msg="relay starting"`)) || bytes.Contains(b, []byte(`msg="consumer starting"`))
+	return p.outputContainsLocked(`msg="relay starting"`) || p.outputContainsLocked(`msg="consumer starting"`)
 }
 
 // aliveLocked reports whether the current incarnation is still running; p.mu

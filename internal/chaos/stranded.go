@@ -25,7 +25,8 @@ package chaos
 //     the mark was written, which rides the next claim; neither is used.
 //     Both clocks are this machine's.
 //   - The event is judged only if it committed in a calm phase: no fault
-//     window (below) intersects [commit-calmBefore, commit+strandedAfter].
+//     window (below) intersects [commit-calmBefore, commit+strandedAfter]
+//     (after a busy error, busyErrorSettle instead of calmBefore).
 //     The 2s before let what the windows do not model settle (a pool
 //     redialling, a backlog draining); the 1s after is the whole time the
 //     event had to be published in, so all of it is calm.
@@ -83,6 +84,10 @@ const (
 	// calmBefore: how long before its commit an event's phase must be free of
 	// faults for it to be judged.
 	calmBefore = 2 * time.Second
+	// busyErrorSettle replaces calmBefore after a busy error (settleAfter):
+	// none. Its window ends when the failed drain's retry starts, and that
+	// drain claims every row committed before.
+	busyErrorSettle = 0
 	// strandedExamples: how many stranded events are described in detail;
 	// strandedGroups: for how many preceding faults the stranded events
 	// after each are summed up.
@@ -316,10 +321,10 @@ type eventTiming struct {
 func (e eventTiming) delay() time.Duration { return e.Publish.Sub(e.Commit) }
 
 // calm reports whether no window intersects [t-calmBefore, t+strandedAfter].
-func calm(windows []span, t time.Time) bool {
-	lo, hi := t.Add(-calmBefore), t.Add(strandedAfter)
+func calm(windows []window, t time.Time) bool {
+	hi := t.Add(strandedAfter)
 	for _, w := range windows {
-		if !w.from.After(hi) && !w.to.Before(lo) {
+		if !w.from.After(hi) && !w.to.Add(w.settle).Before(t) {
 			return false
 		}
 	}
@@ -327,7 +332,7 @@ func calm(windows []span, t time.Time) bool {
 }
 
 // inWindow reports whether t is in some window.
-func inWindow(windows []span, t time.Time) bool {
+func inWindow(windows []window, t time.Time) bool {
 	for _, w := range windows {
 		if !t.Before(w.from) && !t.After(w.to) {
 			return true
@@ -348,7 +353,7 @@ type strandedReport struct {
 }
 
 // classify judges the events that committed in calm phases.
-func classify(events []eventTiming, windows []span) strandedReport {
+func classify(events []eventTiming, windows []window) strandedReport {
 	var rep strandedReport
 	for _, e := range events {
 		if !calm(windows, e.Commit) {
@@ -372,14 +377,35 @@ func classify(events []eventTiming, windows []span) strandedReport {
 	return rep
 }
 
+// window is a fault's window; events that commit within settle after it
+// are not judged either.
+type window struct {
+	span
+	settle time.Duration
+}
+
 // faultWindows returns each fault's window [Start, Back], and before the
 // load a window until the relays were back at loadStart.
-func faultWindows(faults []FaultRecord, setupBack time.Time) []span {
-	ws := []span{{time.Time{}, setupBack}}
+func faultWindows(faults []FaultRecord, setupBack time.Time) []window {
+	ws := []window{{span{time.Time{}, setupBack}, calmBefore}}
 	for _, f := range faults {
-		ws = append(ws, span{f.Start, f.Back})
+		ws = append(ws, window{span{f.Start, f.Back}, settleAfter(f.Kind)})
 	}
 	return ws
+}
+
+// settleAfter is how long after a fault's window events are still not
+// judged: calmBefore, for what the windows do not model (a pool redialling,
+// a backlog draining), except after a busy error, which cuts no connection
+// and whose one after-effect, the failed drain's retry, is in the window
+// (Back): its backlog is the rows committed during the failed round trip.
+// A relay that goes to sleep with writers silent after it strands the
+// events committed in the next seconds, and they must be judged.
+func settleAfter(kind string) time.Duration {
+	if kind == BusyError {
+		return busyErrorSettle
+	}
+	return calmBefore
 }
 
 // faultBefore returns the index of the fault whose window ended last at or
@@ -624,11 +650,11 @@ func concatImpaired(tls []relayTimeline) []span {
 
 // calmDuration is how much of [from, to] is outside every window, give or
 // take the margins of calm: the time in which a commit would be judged.
-func calmDuration(windows []span, from, to time.Time) time.Duration {
+func calmDuration(windows []window, from, to time.Time) time.Duration {
 	// Widen each window by the margins, then measure what is left.
 	ws := make([]span, 0, len(windows))
 	for _, w := range windows {
-		ws = append(ws, span{w.from.Add(-strandedAfter), w.to.Add(calmBefore)})
+		ws = append(ws, span{w.from.Add(-strandedAfter), w.to.Add(w.settle)})
 	}
 	sort.Slice(ws, func(i, j int) bool { return ws[i].from.Before(ws[j].from) })
 	total, cur := time.Duration(0), from

@@ -290,6 +290,23 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// After a busy error, events are judged busyErrorSettle after its window,
+// not calmBefore: a relay that sleeps with writers silent strands the next
+// seconds' events, which must not be excused.
+func TestBusyErrorSettlesQuickly(t *testing.T) {
+	for _, tc := range []struct {
+		kind   string
+		judged int
+	}{{BusyError, 1}, {KillRelay, 0}} {
+		faults := []FaultRecord{{Kind: tc.kind, Start: at(10 * time.Second), End: at(10500 * ms), Back: at(10600 * ms)}}
+		events := []eventTiming{{ID: "next", Commit: at(11 * time.Second), Publish: at(14 * time.Second)}}
+		rep := classify(events, faultWindows(faults, at(time.Second)))
+		if rep.Judged != tc.judged || len(rep.Stranded) != tc.judged {
+			t.Errorf("%s: an event 400ms after the window: judged %d, stranded %d; want %d", tc.kind, rep.Judged, len(rep.Stranded), tc.judged)
+		}
+	}
+}
+
 func TestEntryTime(t *testing.T) {
 	if got, ok := entryTime("1740830400123-7"); !ok || !got.Equal(time.UnixMilli(1740830400123)) {
 		t.Errorf("entryTime = %v %v", got, ok)

@@ -7,11 +7,16 @@
 // "name:N" fires on the N-th time the point is reached. When the variable is
 // unset, Inject costs one comparison.
 //
-// Points: relay.after-claim, relay.after-xadd, fraud.after-read,
-// fraud.after-effect.
+// Error("relay.after-busy") marks a point where a failing round trip is
+// worse than a crash: when armed, it returns an error once, on the N-th hit,
+// and the process goes on running (the error path is what is tested).
+//
+// Kill points: relay.after-claim, relay.after-xadd, fraud.after-read,
+// fraud.after-effect. Error points: relay.after-busy.
 package failpoint
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -49,4 +54,17 @@ func Inject(name string) {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // never returns; SIGKILL cannot be caught
 	}
+}
+
+// Error returns a non-nil error if name is the armed fail point and this is
+// the hit it was armed for; every other call returns nil. The error names the
+// point, so that the logs show where it came from.
+func Error(name string) error {
+	if armedName == "" || name != armedName {
+		return nil
+	}
+	if hits.Add(1) == armedAfter {
+		return fmt.Errorf("failpoint %s: injected error", name)
+	}
+	return nil
 }
