@@ -98,6 +98,14 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	if got := scrape(t, srv.URL, "outbox_messages", "status", "pending"); got != 7 {
 		t.Fatalf("pending gauge %v, want 7", got)
 	}
+	if got := scrape(t, srv.URL, "outbox_messages_retrying"); got != 0 {
+		t.Fatalf("retrying gauge %v before any failure, want 0", got)
+	}
+	// Two rows failed once and wait for their retry (they stay claimable).
+	f.exec("UPDATE outbox_messages SET attempts = 1 WHERE id IN (SELECT id FROM outbox_messages ORDER BY seq LIMIT 2)")
+	if got := scrape(t, srv.URL, "outbox_messages_retrying"); got != 2 {
+		t.Fatalf("retrying gauge %v, want 2", got)
+	}
 	age1 := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds")
 	time.Sleep(300 * time.Millisecond)
 	age2 := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds")
@@ -112,6 +120,9 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	if got := scrape(t, srv.URL, "outbox_oldest_pending_age_seconds"); got != 0 {
 		t.Fatalf("oldest age %v after the drain, want 0", got)
 	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, srv.URL, "outbox_messages_retrying") == 0
+	}, "retrying gauge never dropped to 0 once the failed rows were published")
 	// Claimed rows leave "pending" before their mark commits (it rides with
 	// the relay's next claim).
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
@@ -170,10 +181,7 @@ func (d descNames) Unregister(prometheus.Collector) bool { return false }
 // The dashboard and the alert rules in docs/ use exactly the metrics the
 // code exports: a renamed metric breaks this test, not a production alert.
 func TestDocsUseExistingMetrics(t *testing.T) {
-	names := descNames{}
-	relay.NewMetrics(names)
-	fraud.NewMetrics(names)
-	names.MustRegister(relay.NewOutboxCollector(nil), fraud.NewGroupCollector(nil, "s", "g"))
+	names := exportedMetrics()
 	used := regexp.MustCompile(`\boutbox_[a-z_]+`)
 	for _, doc := range []string{"docs/grafana-dashboard.json", "docs/operations.md"} {
 		b, err := os.ReadFile(doc)

@@ -133,6 +133,7 @@ type OutboxCollector struct {
 	query  string
 	rows   *prometheus.Desc
 	oldest *prometheus.Desc
+	retry  *prometheus.Desc
 	up     *prometheus.Desc
 }
 
@@ -145,6 +146,8 @@ func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 			[]string{"status"}, nil),
 		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
 			"Age of the oldest pending outbox row, 0 when none.", nil, nil),
+		retry: prometheus.NewDesc("outbox_messages_retrying",
+			"Unpublished outbox rows that failed at least once and wait for a retry.", nil, nil),
 		up: prometheus.NewDesc("outbox_database_up", "1 if the last scrape could read the outbox.", nil, nil),
 	}
 }
@@ -153,6 +156,7 @@ func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.rows
 	ch <- c.oldest
+	ch <- c.retry
 	ch <- c.up
 }
 
@@ -160,9 +164,9 @@ func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var pending, publishing, dead int64
+	var pending, publishing, dead, retrying int64
 	var oldest float64
-	err := c.pool.QueryRow(ctx, c.query).Scan(&pending, &publishing, &dead, &oldest)
+	err := c.pool.QueryRow(ctx, c.query).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
@@ -172,4 +176,5 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(publishing), "publishing")
 	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(dead), "dead")
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
+	ch <- prometheus.MustNewConstMetric(c.retry, prometheus.GaugeValue, float64(retrying))
 }

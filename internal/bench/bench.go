@@ -159,7 +159,8 @@ func (s *space) close() {
 func (s *space) backlog(ctx context.Context) (int64, error) {
 	var pending, publishing, dead int64
 	var oldest float64
-	err := s.pool.QueryRow(ctx, qMetrics).Scan(&pending, &publishing, &dead, &oldest)
+	var retrying int
+	err := s.pool.QueryRow(ctx, qMetrics).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	return pending + publishing, err
 }
 
