@@ -176,3 +176,18 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 	}
 	return out, nil
 }
+
+// RegisterTypes tells conn which PostgreSQL types the uuid values the outbox
+// sends are, for when a statement's parameter types are not known: pgx's
+// exec and simple-protocol modes (default_query_exec_mode=exec), which a
+// pooler in transaction mode such as PgBouncer needs, as no prepared
+// statement survives from one transaction to the next. Set it as the pool's
+// AfterConnect (pgxpool.Config.AfterConnect); the default mode, prepared
+// statements, does not need it. The outbox command's connections always
+// have it.
+func RegisterTypes(_ context.Context, conn *pgx.Conn) error {
+	m := conn.TypeMap()
+	m.RegisterDefaultPgType(uuid.UUID{}, "uuid")
+	m.RegisterDefaultPgType([]uuid.UUID{}, "_uuid")
+	return nil
+}

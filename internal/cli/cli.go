@@ -50,6 +50,7 @@ func commands() []command {
 		{"status", "show the outbox, the stream and the consumer group at a glance", runStatus},
 		{"dead", "'dead list' shows dead events; 'dead retry <id>... | --all' requeues them", runDead},
 		{"cleanup", "delete published rows older than --older-than, in small batches", runCleanup},
+		{"reconcile", "check that every settled TED has its event, published, judged, and in the senders' totals", runReconcile},
 		{"demo", "walk through settled TEDs end to end", runDemo},
 		{"bench", "measure: 'bench writers|latency|drain|consume|sustained' (see docs/benchmarks.md)", runBench},
 	}

@@ -85,12 +85,19 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
 	fs.DurationVar(&cfg.StreamRetention, "stream-retention", 0, "trim entries older than this, never what a consumer group still needs (0 = keep)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
+	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
+		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
 		return err
+	}
+	if *listenURL != "" {
+		if cfg.ListenConfig, err = connect.PostgresConfig(*listenURL, "outbox-relay-listen"); err != nil {
+			return usageError{err.Error()}
+		}
 	}
 	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
 		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout and --busy-pace not negative")

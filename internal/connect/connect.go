@@ -13,9 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/redis/go-redis/v9"
+	"github.com/tedbank/outbox"
 )
 
 // PingTimeout bounds the start-up check of a server.
@@ -34,6 +37,9 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 		return nil, fmt.Errorf("bad PostgreSQL URL %s: %s", Redact(rawURL), redactErr(err, rawURL))
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = opt.AppName
+	// Behind a pooler in transaction mode the URL asks for
+	// default_query_exec_mode=exec: say what the uuid parameters are.
+	cfg.AfterConnect = outbox.RegisterTypes
 	if opt.MaxConns > 0 {
 		cfg.MaxConns = opt.MaxConns
 	}
@@ -74,6 +80,20 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 			Redact(rawURL), redactErr(err, rawURL))
 	}
 	return pool, nil
+}
+
+// PostgresConfig parses rawURL into the config of one connection named
+// appName (the relay's LISTEN connection), without connecting.
+func PostgresConfig(rawURL, appName string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad PostgreSQL URL %s: %s", Redact(rawURL), redactErr(err, rawURL))
+	}
+	cfg.RuntimeParams["application_name"] = appName
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = PingTimeout
+	}
+	return cfg, nil
 }
 
 // RedisOptions tunes Redis.

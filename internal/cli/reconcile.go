@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/reconcile"
+)
+
+func runReconcile(ctx context.Context, e *env, args []string) error {
+	var c common
+	since, grace := ageValue(reconcile.DefaultSince), ageValue(reconcile.DefaultGrace)
+	fs := e.flags("reconcile", &c)
+	usageLine(fs, "outbox reconcile [--since D] [--grace D] [--json]")
+	fs.Var(&since, "since", "check the transfers settled in the last `duration`, e.g. 24h or 7d (keep it within the outbox's retention: cleanup deletes old events)")
+	fs.Var(&grace, "grace", "events younger than this `duration` may still be on their way and are not reported")
+	stream := fs.String("stream", fraud.DefaultStream, "stream the relay publishes transfer events to")
+	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if _, err := c.logger(e.stderr); err != nil {
+		return err
+	}
+	switch {
+	case time.Duration(since) <= 0:
+		return usagef("--since %s: must be positive", time.Duration(since))
+	case time.Duration(grace) < 0:
+		return usagef("--grace %s: must not be negative", time.Duration(grace))
+	}
+	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile"}).Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := requireSchema(ctx, pool); err != nil {
+		return err
+	}
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-reconcile"})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	now := time.Now()
+	g := time.Duration(grace)
+	if g == 0 {
+		g = time.Nanosecond // 0 means "no grace", not the default
+	}
+	rep, err := reconcile.Run(ctx, pool, rdb, reconcile.Options{
+		Since: now.Add(-time.Duration(since)), Grace: g, Stream: *stream, KeyPrefix: *keyPrefix, Now: now,
+	})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printReconcile(e.stdout, rep)
+	}
+	if !rep.OK {
+		return fmt.Errorf("differences found (%s)", strings.Join(differences(rep), ", "))
+	}
+	return nil
+}
+
+// differences names each kind of difference in rep with its count.
+func differences(rep reconcile.Report) []string {
+	var out []string
+	for _, d := range []struct {
+		name string
+		n    int
+	}{
+		{"transfers without their event", rep.MissingEvent.Count},
+		{"events without their transfer", rep.Orphan.Count},
+		{"events not published", rep.Unpublished.Count},
+		{"published events without a verdict", rep.NoVerdict.Count},
+		{"published events gone from the stream without a verdict", rep.NotInStream.Count},
+		{"senders whose anti-fraud totals differ", rep.TotalsDiffer},
+	} {
+		if d.n > 0 {
+			out = append(out, fmt.Sprintf("%d %s", d.n, d.name))
+		}
+	}
+	return out
+}
+
+func printReconcile(w io.Writer, rep reconcile.Report) {
+	fmt.Fprintf(w, "checked %d transfers, %d events and %d senders settled since %s (grace %s)\n",
+		rep.Transfers, rep.Events, rep.Senders, rep.Since.Format(time.RFC3339), rep.Grace)
+	line := func(name string, d reconcile.Diff, hint string) {
+		if d.Count == 0 {
+			return
+		}
+		ex := d.Examples[:min(len(d.Examples), 3)]
+		fmt.Fprintf(w, "%-38s %d  e.g. %s\n  %s\n", name, d.Count, strings.Join(ex, " "), hint)
+	}
+	line("transfers without their event", rep.MissingEvent, "the business row committed without its outbox row: a writer bypassed transfer.Settle")
+	line("events without their transfer", rep.Orphan, "an outbox row whose transfer is gone (deleted, or outside --since by a clock skew)")
+	line("events not published", rep.Unpublished, "relays down or failing: outbox status, outbox dead list")
+	line("published, no verdict yet", rep.NoVerdict, "the entry is in the stream: anti-fraud is behind or stuck (outbox status: group lag/pending)")
+	line("published, gone from the stream", rep.NotInStream, "deleted or lost before anti-fraud read it: publish it again (its outbox row back to pending)")
+	for _, d := range rep.SenderDiffs {
+		fmt.Fprintf(w, "totals differ: %s anti-fraud %d cents in %d transfers, PostgreSQL %d cents in %d (judged transfers)\n",
+			d.Account, d.FraudCents, d.FraudTransfers, d.WantCents, d.WantTransfers)
+	}
+	if rep.TotalsDiffer > len(rep.SenderDiffs) {
+		fmt.Fprintf(w, "... and %d more senders whose totals differ\n", rep.TotalsDiffer-len(rep.SenderDiffs))
+	}
+	if rep.OK {
+		fmt.Fprintln(w, "ok: nothing differs")
+	}
+}

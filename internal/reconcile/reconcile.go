@@ -1,0 +1,338 @@
+// Package reconcile checks, end to end, that every settled TED reached
+// anti-fraud: the daily reconciliation a bank runs beside the outbox.
+//
+// For the transfers settled since a point in time it checks that
+//
+//   - every transfer has its transfer.settled event (and no event lacks its
+//     transfer);
+//   - every event older than the grace period is published;
+//   - every published event older than the grace period has a verdict, and
+//     when it has none, whether its stream entry is still there (the consumer
+//     is behind) or gone (deleted before anti-fraud read it: lost to it);
+//   - each sender's anti-fraud totals equal the sums over the sender's
+//     transfers that have a verdict.
+//
+// It reads PostgreSQL in one streamed pass (a hash join, no lock a writer or
+// a relay waits for) and Redis in pipelined batches, so it can run while
+// everything runs; totals are read atomically with the verdicts they depend
+// on, and a sender whose totals differ is read again before it is reported,
+// so an effect applied meanwhile is not a false alarm.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Defaults of Options.
+const (
+	DefaultGrace = time.Minute
+	DefaultSince = 24 * time.Hour
+	// examples is how many ids of each kind of difference a report lists.
+	examples = 20
+	// batch is how many rows share one Redis round trip.
+	batch = 1000
+	// senderBatch is how many senders' totals are checked in one round trip.
+	senderBatch = 200
+	// totalsTries: a sender whose totals differ is read this many times.
+	totalsTries = 3
+)
+
+// Options says what to reconcile.
+type Options struct {
+	Since time.Time     // transfers settled at or after it (zero: DefaultSince ago)
+	Grace time.Duration // younger events may still be on their way (0: DefaultGrace)
+	// Stream is the stream transfer events are published to;
+	// KeyPrefix is anti-fraud's key prefix.
+	Stream, KeyPrefix string
+	// Now is the time the grace period counts back from (zero: time.Now).
+	Now time.Time
+}
+
+// Diff is one kind of difference: how many, and the first few ids.
+type Diff struct {
+	Count    int      `json:"count"`
+	Examples []string `json:"examples"`
+}
+
+func (d *Diff) add(id string) {
+	d.Count++
+	if len(d.Examples) < examples {
+		d.Examples = append(d.Examples, id)
+	}
+}
+
+// SenderDiff is a sender whose anti-fraud totals differ from PostgreSQL's.
+type SenderDiff struct {
+	Account        string `json:"account"`
+	FraudCents     int64  `json:"fraud_sent_cents"`
+	FraudTransfers int64  `json:"fraud_transfers"`
+	WantCents      int64  `json:"want_sent_cents"`
+	WantTransfers  int64  `json:"want_transfers"`
+}
+
+// Report is what Run found. OK is true when nothing differs.
+type Report struct {
+	Since     time.Time `json:"since"`
+	Grace     string    `json:"grace"`
+	Transfers int       `json:"transfers"`
+	Events    int       `json:"events"`
+	// MissingEvent: transfers without a transfer.settled event.
+	MissingEvent Diff `json:"missing_event"`
+	// Orphan: events whose transfer is not in PostgreSQL.
+	Orphan Diff `json:"orphan_event"`
+	// Unpublished: events older than the grace period, not published.
+	Unpublished Diff `json:"unpublished"`
+	// NoVerdict: published events older than the grace period without a
+	// verdict whose stream entry is still there (anti-fraud is behind).
+	NoVerdict Diff `json:"no_verdict"`
+	// NotInStream: published events older than the grace period without a
+	// verdict whose stream entry is gone: anti-fraud will never see them.
+	NotInStream Diff `json:"not_in_stream"`
+	// Senders: senders checked; TotalsDiffer: those whose totals differ
+	// (the first few).
+	Senders      int          `json:"senders"`
+	TotalsDiffer int          `json:"totals_differ"`
+	SenderDiffs  []SenderDiff `json:"sender_diffs"`
+	OK           bool         `json:"ok"`
+}
+
+// row is one line of reconcile_events.sql.
+type row struct {
+	TransferID       *string    `db:"transfer_id"`
+	FromAccount      *string    `db:"from_account"`
+	AmountCents      *int64     `db:"amount_cents"`
+	EventID          *string    `db:"event_id"`
+	EventAggregateID *string    `db:"event_aggregate_id"`
+	Status           *string    `db:"status"`
+	CreatedAt        *time.Time `db:"created_at"`
+	StreamID         *string    `db:"stream_id"`
+}
+
+// Run reconciles and reports; it returns an error only when it could not
+// read what it needs.
+func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options) (Report, error) {
+	if opt.Now.IsZero() {
+		opt.Now = time.Now()
+	}
+	if opt.Grace <= 0 {
+		opt.Grace = DefaultGrace
+	}
+	if opt.Since.IsZero() {
+		opt.Since = opt.Now.Add(-DefaultSince)
+	}
+	keys := fraud.Keys{Prefix: opt.KeyPrefix}
+	rep := Report{Since: opt.Since, Grace: opt.Grace.String(), SenderDiffs: []SenderDiff{}}
+	for _, d := range []*Diff{&rep.MissingEvent, &rep.Orphan, &rep.Unpublished, &rep.NoVerdict, &rep.NotInStream} {
+		d.Examples = []string{} // [] in JSON, not null
+	}
+	cutoff := opt.Now.Add(-opt.Grace)
+	senders := map[string]bool{}
+
+	var pending []row // published and past the grace period: verdict to check
+	check := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		err := checkVerdicts(ctx, rdb, keys, opt.Stream, pending, &rep)
+		pending = pending[:0]
+		return err
+	}
+	rows, err := pool.Query(ctx, outboxsql.Query("reconcile_events"), opt.Since)
+	if err != nil {
+		return rep, fmt.Errorf("read transfers and events: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r, err := pgx.RowToStructByName[row](rows)
+		if err != nil {
+			return rep, fmt.Errorf("read transfers and events: %w", err)
+		}
+		if r.TransferID != nil {
+			rep.Transfers++
+			senders[*r.FromAccount] = true
+		}
+		if r.EventID != nil {
+			rep.Events++
+		}
+		switch {
+		case r.EventID == nil:
+			rep.MissingEvent.add(*r.TransferID)
+		case r.TransferID == nil:
+			rep.Orphan.add(*r.EventID)
+		case r.CreatedAt.After(cutoff):
+			// Young: may still be on its way.
+		case *r.Status != "published":
+			rep.Unpublished.add(*r.EventID)
+		default:
+			pending = append(pending, r)
+			if len(pending) == batch {
+				if err := check(); err != nil {
+					return rep, err
+				}
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("read transfers and events: %w", err)
+	}
+	if err := check(); err != nil {
+		return rep, err
+	}
+
+	list := make([]string, 0, len(senders))
+	for s := range senders {
+		list = append(list, s)
+	}
+	slices.Sort(list)
+	rep.Senders = len(list)
+	for chunk := range slices.Chunk(list, senderBatch) {
+		diffs, err := checkTotals(ctx, pool, rdb, keys, chunk)
+		if err != nil {
+			return rep, err
+		}
+		rep.TotalsDiffer += len(diffs)
+		for _, d := range diffs {
+			if len(rep.SenderDiffs) < examples {
+				rep.SenderDiffs = append(rep.SenderDiffs, d)
+			}
+		}
+	}
+	rep.OK = rep.MissingEvent.Count == 0 && rep.Orphan.Count == 0 && rep.Unpublished.Count == 0 &&
+		rep.NoVerdict.Count == 0 && rep.NotInStream.Count == 0 && rep.TotalsDiffer == 0
+	return rep, nil
+}
+
+// checkVerdicts looks up the verdicts of published events' transfers, and
+// for those without one, whether their stream entry is still there.
+func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stream string, rs []row, rep *Report) error {
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = *r.TransferID
+	}
+	vals, err := rdb.HMGet(ctx, keys.Verdicts(), ids...).Result()
+	if err != nil {
+		return fmt.Errorf("read verdicts: %w", err)
+	}
+	var missing []row
+	for i, v := range vals {
+		if v == nil {
+			missing = append(missing, rs[i])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	cmds := make([]*redis.XMessageSliceCmd, len(missing))
+	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range missing {
+			id := "0-0"
+			if r.StreamID != nil && *r.StreamID != "" {
+				id = *r.StreamID
+			}
+			cmds[i] = p.XRange(ctx, stream, id, id)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read stream %s: %w", stream, err)
+	}
+	for i, r := range missing {
+		if msgs, _ := cmds[i].Result(); len(msgs) > 0 {
+			rep.NoVerdict.add(*r.EventID)
+		} else {
+			rep.NotInStream.add(*r.EventID)
+		}
+	}
+	return nil
+}
+
+// checkTotals compares each sender's anti-fraud totals with the sums over
+// the sender's transfers that have a verdict, both read from Redis in one
+// MULTI so that no effect lands between them. A sender that differs is
+// read again, up to totalsTries times: a transfer committed after the SQL
+// read and judged before the Redis read differs once, not three times.
+func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, keys fraud.Keys, senders []string) ([]SenderDiff, error) {
+	var diffs []SenderDiff
+	for try := 1; len(senders) > 0 && try <= totalsTries; try++ {
+		diffs = diffs[:0]
+		byAccount := map[string][]transferAmount{}
+		rows, err := pool.Query(ctx, outboxsql.Query("reconcile_sender_transfers"), senders)
+		if err != nil {
+			return nil, fmt.Errorf("read senders' transfers: %w", err)
+		}
+		for rows.Next() {
+			var acct string
+			var t transferAmount
+			if err := rows.Scan(&acct, &t.id, &t.cents); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("read senders' transfers: %w", err)
+			}
+			byAccount[acct] = append(byAccount[acct], t)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read senders' transfers: %w", err)
+		}
+		verdicts := map[string]*redis.SliceCmd{}
+		totals := map[string]*redis.SliceCmd{}
+		_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			for _, acct := range senders {
+				ids := make([]string, len(byAccount[acct]))
+				for i, t := range byAccount[acct] {
+					ids[i] = t.id
+				}
+				if len(ids) > 0 {
+					verdicts[acct] = p.HMGet(ctx, keys.Verdicts(), ids...)
+				}
+				totals[acct] = p.HMGet(ctx, keys.Account(acct), "sent_cents", "transfers")
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read anti-fraud totals: %w", err)
+		}
+		var again []string
+		for _, acct := range senders {
+			d := SenderDiff{Account: acct}
+			if vc := verdicts[acct]; vc != nil {
+				for i, v := range vc.Val() {
+					if v != nil {
+						d.WantCents += byAccount[acct][i].cents
+						d.WantTransfers++
+					}
+				}
+			}
+			tv := totals[acct].Val()
+			d.FraudCents, d.FraudTransfers = toInt(tv[0]), toInt(tv[1])
+			if d.FraudCents != d.WantCents || d.FraudTransfers != d.WantTransfers {
+				diffs = append(diffs, d)
+				again = append(again, acct)
+			}
+		}
+		senders = again
+	}
+	return diffs, nil
+}
+
+type transferAmount struct {
+	id    string
+	cents int64
+}
+
+func toInt(v any) int64 {
+	s, _ := v.(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}

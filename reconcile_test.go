@@ -1,0 +1,115 @@
+package outbox_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/reconcile"
+)
+
+// outbox reconcile finds, after a clean run, nothing; then each planted
+// difference, and only it: a transfer without its event, an event left
+// pending, a stream entry deleted before anti-fraud read it, an entry
+// anti-fraud has not read yet, and a sender's total changed behind its back.
+func TestReconcileFindsWhatWasPlanted(t *testing.T) {
+	f := newFixture(t)
+	r := f.newRelay(f.relayConfig("r1"), nil)
+	stopRelay := f.run(r.Run)
+	c := f.consumer("c1", nil)
+	stopConsumer := f.run(c.Run)
+	teds := f.settle(30)
+	// Marked published in PostgreSQL too: a batch's mark (and its
+	// stream_id) rides the relay's next round trip, after the XADD that
+	// anti-fraud may already have read.
+	published := func(n int) {
+		t.Helper()
+		outboxtest.Eventually(t, 10*time.Second, func() bool {
+			return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == n
+		}, "%d events not marked published", n)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == int64(len(teds)) },
+		"anti-fraud never judged the %d TEDs", len(teds))
+	published(30)
+
+	later := time.Now().Add(2 * time.Minute) // every event past the grace period
+	opt := reconcile.Options{Since: time.Now().Add(-time.Hour), Stream: f.stream(), KeyPrefix: f.keyPrefix(), Now: later}
+	rep, err := reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK || rep.Transfers != 30 || rep.Events != 30 || rep.Senders != 7 {
+		t.Fatalf("clean run: %+v, want OK with 30 transfers, 30 events, 7 senders", rep)
+	}
+
+	// Anti-fraud stops; two more TEDs are published; one entry is deleted
+	// before anti-fraud could read it.
+	stopConsumer()
+	behind := f.settle(2)
+	published(32)
+	var deletedEvent, behindEvent string
+	for _, tr := range behind {
+		var id, sid string
+		if err := f.pool.QueryRow(f.ctx, "SELECT id::text, stream_id FROM outbox_messages WHERE aggregate_id = $1", tr.ID.String()).Scan(&id, &sid); err != nil {
+			t.Fatal(err)
+		}
+		if deletedEvent == "" {
+			deletedEvent = id
+			if err := f.rdb.XDel(f.ctx, f.stream(), sid).Err(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			behindEvent = id
+		}
+	}
+	// The relay stops; one more TED stays pending.
+	stopRelay()
+	pendingTED := f.settle(1)[0]
+	var pendingEvent string
+	if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", pendingTED.ID.String()).Scan(&pendingEvent); err != nil {
+		t.Fatal(err)
+	}
+	// A transfer written without its event (what the outbox forbids).
+	lone := uuid.New()
+	f.exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-lone', 'acct-00', 500)", lone)
+	// A sender's total changed behind anti-fraud's back.
+	if err := f.rdb.HIncrBy(f.ctx, f.keyPrefix()+"account:acct-03", "sent_cents", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err = reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string, d reconcile.Diff, want ...string) {
+		t.Helper()
+		if d.Count != len(want) || fmt.Sprint(d.Examples) != fmt.Sprint(want) {
+			t.Errorf("%s: %d %v, want %v", name, d.Count, d.Examples, want)
+		}
+	}
+	check("missing_event", rep.MissingEvent, lone.String())
+	check("unpublished", rep.Unpublished, pendingEvent)
+	check("not_in_stream", rep.NotInStream, deletedEvent)
+	check("no_verdict", rep.NoVerdict, behindEvent)
+	check("orphan_event", rep.Orphan)
+	if rep.TotalsDiffer != 1 || rep.SenderDiffs[0].Account != "acct-03" || rep.SenderDiffs[0].FraudCents != rep.SenderDiffs[0].WantCents+1 {
+		t.Errorf("totals: %d differ %+v, want acct-03 one cent over", rep.TotalsDiffer, rep.SenderDiffs)
+	}
+	if rep.OK {
+		t.Error("report OK with differences planted")
+	}
+
+	// Within the grace period, the pending and unread events are not (yet)
+	// differences; the missing event and the wrong total are.
+	opt.Now = time.Now()
+	rep, err = reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Unpublished.Count != 0 || rep.NoVerdict.Count != 0 || rep.NotInStream.Count != 0 || rep.MissingEvent.Count != 1 || rep.TotalsDiffer != 1 {
+		t.Errorf("within the grace period: %+v", rep)
+	}
+}
