@@ -55,6 +55,11 @@ type Message struct {
 	EventType string
 	// Payload is the event body, a JSON document.
 	Payload json.RawMessage
+	// PartitionKey is the unit of order downstream: events with one
+	// partition key are meant to reach consumers in the order they were
+	// written. Empty means the aggregate id. transfer.settled uses the
+	// sender account, so one sender's TEDs stay in settled order.
+	PartitionKey string
 	// Headers are optional metadata sent along with the event. When ctx
 	// carries a trace and Headers has no traceparent, Write adds the W3C
 	// trace context, so consumers continue the caller's trace.
@@ -76,6 +81,8 @@ func (m Message) Validate() error {
 		return fmt.Errorf("%w: aggregate type %q must match %s", ErrInvalidMessage, m.AggregateType, AggregateTypePattern)
 	case m.AggregateID == "" || len(m.AggregateID) > 200:
 		return fmt.Errorf("%w: aggregate id must have 1 to 200 bytes", ErrInvalidMessage)
+	case len(m.PartitionKey) > 200:
+		return fmt.Errorf("%w: partition key must have at most 200 bytes", ErrInvalidMessage)
 	case m.EventType == "" || len(m.EventType) > 200:
 		return fmt.Errorf("%w: event type must have 1 to 200 bytes", ErrInvalidMessage)
 	case !json.Valid(m.Payload):
@@ -122,6 +129,7 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		types    = make([]string, n)
 		payloads = make([]string, n)
 		headers  = make([]string, n)
+		parts    = make([]string, n)
 	)
 	for pos, i := range order {
 		m := msgs[i]
@@ -152,10 +160,10 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 			}
 		}
 		ids[pos], aggTypes[pos], aggIDs[pos], types[pos] = m.ID, m.AggregateType, m.AggregateID, m.EventType
-		payloads[pos], headers[pos] = string(m.Payload), string(h)
+		payloads[pos], headers[pos], parts[pos] = string(m.Payload), string(h), m.PartitionKey
 	}
 
-	rows, err := tx.Query(ctx, outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers)
+	rows, err := tx.Query(ctx, outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers, parts)
 	if err != nil {
 		return nil, fmt.Errorf("insert outbox messages: %w", err)
 	}

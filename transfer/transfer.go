@@ -206,8 +206,11 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 		AggregateType: AggregateType,
 		AggregateID:   t.ID.String(),
 		EventType:     EventSettled,
-		Payload:       payload,
-		Headers:       map[string]string{"schema_version": fmt.Sprint(SchemaVersion)},
+		// One sender's TEDs in settled order: the velocity rule sums a
+		// sender's recent transfers.
+		PartitionKey: t.FromAccount,
+		Payload:      payload,
+		Headers:      map[string]string{"schema_version": fmt.Sprint(SchemaVersion)},
 	}); err != nil {
 		return Result{}, fmt.Errorf("write %s event for transfer %s: %w", EventSettled, t.ID, err)
 	}

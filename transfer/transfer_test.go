@@ -60,6 +60,14 @@ func TestSettleWritesTransferAndEventTogether(t *testing.T) {
 	if id != res.EventID || aggType != "transfer" || eventType != "transfer.settled" || status != "pending" {
 		t.Fatalf("row id=%s type=%s/%s status=%s", id, aggType, eventType, status)
 	}
+	// One sender's TEDs share a partition key, so they stay in settled order.
+	var partition string
+	if err := pool.QueryRow(ctx, `SELECT partition_key FROM outbox_messages WHERE id = $1`, id).Scan(&partition); err != nil {
+		t.Fatal(err)
+	}
+	if partition != tr.FromAccount {
+		t.Fatalf("partition key %q, want the sender %q", partition, tr.FromAccount)
+	}
 	var ev transfer.SettledEvent
 	if err := json.Unmarshal(payload, &ev); err != nil {
 		t.Fatal(err)
