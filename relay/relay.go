@@ -509,7 +509,7 @@ func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
 	queueRelayTx(&b)
 	b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	b.Queue("SELECT pg_notify($1, '')", r.cfg.Channel)
-	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+	if err := r.sendTx(ctx, &b); err != nil {
 		return false, err
 	}
 	return slept, nil
@@ -723,7 +723,7 @@ func (r *Relay) markFailed(ctx context.Context, token uuid.UUID, ids []uuid.UUID
 		rows, err = pgx.CollectRows(rs, pgx.RowToStructByPos[failedRow])
 		return err
 	})
-	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+	if err := r.sendTx(ctx, &b); err != nil {
 		return 0, err
 	}
 	for _, row := range rows {
@@ -794,6 +794,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 			return nil
 		})
 	}
+	b.Queue(indexedClaim)
 	b.Queue(r.qClaim, r.cfg.BatchSize, token, r.cfg.Name).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
@@ -802,27 +803,48 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	if injected != nil {
 		b.Queue("SELECT $1::text::int", injected.Error())
 	}
-	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+	if err := r.sendTx(ctx, &b); err != nil {
 		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}
 	return msgs, marked, slept, nil
 }
 
 // queueRelayTx queues the statements that open every relay transaction:
-// pinIsolation, then asyncCommit.
+// beginReadCommitted, then asyncCommit. sendTx closes it.
 func queueRelayTx(b *pgx.Batch) {
-	b.Queue(pinIsolation)
+	b.Queue(beginReadCommitted)
 	b.Queue(asyncCommit)
 }
 
-// pinIsolation: the wake-up protocol needs READ COMMITTED, whatever the
+// sendTx commits the transaction queueRelayTx opened and sends the batch in
+// one round trip. When a statement fails, the rest (the COMMIT included) is
+// skipped and the transaction rolls back; the connection, left in a failed
+// transaction block, is closed by the pool when it is released.
+func (r *Relay) sendTx(ctx context.Context, b *pgx.Batch) error {
+	b.Queue("COMMIT")
+	return r.pool.SendBatch(ctx, b).Close()
+}
+
+// indexedClaim keeps the claim on its partial indexes whatever the table's
+// statistics say. Statistics taken while the outbox was empty (a new
+// database, or an idle outbox: the usual state) estimate one pending row, and
+// the planner then probes the per-aggregate gate with a sequential scan per
+// pending row: with a backlog of thousands, one claim took 10 s of CPU (found
+// by outbox bench writers on fresh databases; after an outage, the backlog
+// is exactly when the claim must be fast). Transaction-local.
+const indexedClaim = "SELECT set_config('enable_seqscan', 'off', true)"
+
+// beginReadCommitted: the wake-up protocol needs READ COMMITTED, whatever the
 // database's or role's default_transaction_isolation. The claim after
 // outbox_relay_sleep must see the rows of writers that committed while it
 // waited for them; under REPEATABLE READ or SERIALIZABLE its snapshot would
 // date from before the wait. (Claims under those levels would also fail with
-// serialization errors against other relays.) It must be the first statement
-// of the transaction; it costs no round trip, being queued in the batch.
-const pinIsolation = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+// serialization errors against other relays.) An explicit transaction block:
+// SET TRANSACTION in the implicit transaction of a pipeline works too, but
+// PostgreSQL logs a WARNING for each one, one per relay round trip (found
+// in the server log after a benchmark: 52,000 lines). It costs no round
+// trip, being queued in the batch with its COMMIT (sendTx).
+const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 // asyncCommit makes the relay's own transactions commit without waiting for
 // their WAL to reach disk (set_config(..., true) lasts for the transaction).
@@ -843,7 +865,7 @@ func (r *Relay) exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 	)
 	queueRelayTx(&b)
 	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
-	err := r.pool.SendBatch(ctx, &b).Close()
+	err := r.sendTx(ctx, &b)
 	return tag, err
 }
 
