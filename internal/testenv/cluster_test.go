@@ -13,8 +13,10 @@ import (
 // A local Redis Cluster: three masters that split the slots, three
 // replicas, keys spread over the masters, a hash tag keeping keys in one
 // slot, and a master's writes reaching its replica.
+//
+// Not parallel: its six servers take free ports while the restart tests
+// (parallel) count on getting their stopped server's port back.
 func TestLocalRedisCluster(t *testing.T) {
-	t.Parallel()
 	ctx := t.Context()
 	c, err := LocalRedisCluster(ctx, testOptions(t))
 	if err != nil {
