@@ -49,10 +49,7 @@ func LocalPgBouncer(ctx context.Context, upstreamURL, poolMode string, opt Optio
 	if port == "" {
 		port = "5432"
 	}
-	files := map[string]string{
-		"userlist.txt": fmt.Sprintf("%q \"\"\n", userName),
-	}
-	if err := writeOwned(dir, files, owner); err != nil {
+	if err := writeOwned(filepath.Join(dir, "userlist.txt"), fmt.Sprintf("%q \"\"\n", userName), owner); err != nil {
 		return nil, err
 	}
 	return startOnFreePort(ctx, opt, server{
@@ -75,7 +72,8 @@ func LocalPgBouncer(ctx context.Context, upstreamURL, poolMode string, opt Optio
 				"pidfile = " + filepath.Join(dir, "pgbouncer.pid"),
 				"",
 			}, "\n")
-			if err := writeOwned(dir, map[string]string{"pgbouncer.ini": ini}, owner); err != nil {
+			if err := writeOwned(filepath.Join(dir, "pgbouncer.ini"), ini, owner); err != nil {
+				// PgBouncer then exits at once, and its log says why.
 				opt.logf("testenv: pgbouncer.ini", "error", err)
 			}
 			return []string{filepath.Join(dir, "pgbouncer.ini")}
@@ -96,18 +94,13 @@ func LocalPgBouncer(ctx context.Context, upstreamURL, poolMode string, opt Optio
 	})
 }
 
-// writeOwned writes files into dir, owned by owner if not nil.
-func writeOwned(dir string, files map[string]string, owner *account) error {
-	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return err
-		}
-		if owner != nil {
-			if err := os.Chown(p, int(owner.uid), int(owner.gid)); err != nil {
-				return err
-			}
-		}
+// writeOwned writes content to path, owned by owner if not nil.
+func writeOwned(path, content string, owner *account) error {
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return err
+	}
+	if owner != nil {
+		return os.Chown(path, int(owner.uid), int(owner.gid))
 	}
 	return nil
 }
