@@ -341,7 +341,7 @@ const (
 // case a relay that crashed while draining left writers silent.
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
 	if r.resync.Swap(false) {
-		r.state = unsure
+		r.setState(unsure)
 	}
 	op := flagNone
 	if polled {
@@ -383,9 +383,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 			// The round trip may have told writers "busy" before it failed
 			// (the flag is a sequence: its change is not rolled back), or a
 			// later step failed after it did: they may be silent.
-			r.state = unsure
+			r.setState(unsure)
 		} else {
-			r.state = r.state.after(op, res.Slept)
+			r.setState(r.state.after(op, res.Slept))
 		}
 		now := time.Now()
 		for _, d := range res.retries {
@@ -448,6 +448,17 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		}
 	}
 	return published, nil
+}
+
+// setState moves the wake-up state, with a debug line per change: the
+// chaos suite reads them to hold a writer open while this relay is the only
+// one that told writers it is busy (internal/chaos, rolling deploys).
+func (r *Relay) setState(s wakeState) {
+	if s == r.state {
+		return
+	}
+	r.state = s
+	r.log.Debug("wake state", slog.String("state", s.String()))
 }
 
 // pause waits for d, or less if a notification arrives (it is consumed: the

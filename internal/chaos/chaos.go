@@ -141,6 +141,10 @@ type Result struct {
 	WorstCalm        time.Duration
 	// Restarts counts the relays restarted gracefully by rolling deploys.
 	Restarts int
+	// Probes counts the hand-over probes (probe.go); ProbesExact those in
+	// which the other relays slept throughout, so that only the stopping
+	// relay's hand-over could publish the probe's TED in time.
+	Probes, ProbesExact int
 }
 
 // Summary is the one line a run prints.
@@ -153,9 +157,9 @@ func (r Result) Summary() string {
 	for _, k := range Kinds {
 		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
 	}
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d max_recovery=%.1fs duration=%.0fs",
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs",
 		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.Restarts, r.MaxRecovery.Seconds(), r.Duration.Seconds())
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds())
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load
@@ -213,10 +217,15 @@ type run struct {
 	settleRuns int
 	// The load's phases (load.go), drawn from loadRng (the settle loop's
 	// own: rand.Rand is not safe for concurrent use).
-	loadRng       *rand.Rand
-	burstNow      chan struct{}
-	burstStarted  chan struct{} // a burst is starting (for rolling deploys)
-	deployBurst   chan struct{}
+	loadRng      *rand.Rand
+	burstNow     chan struct{}
+	burstStarted chan struct{} // a burst is starting (for rolling deploys)
+	deployBurst  chan struct{}
+	// A deploy's burst in progress: burstCut kills its settle run,
+	// burstEnded is closed when that run has ended (cutBurst).
+	burstCut      context.CancelFunc
+	burstEnded    chan struct{}
+	probes        []*probe // hand-over probes whose writer committed (probe.go)
 	bursts, lulls int
 	loadStart     time.Time
 	// firstEntry is the id of the first stream entry of each event id.

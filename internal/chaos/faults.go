@@ -312,32 +312,57 @@ func (r *run) calmPhase() {
 }
 
 // rollingDeploy redeploys every relay in turn: each is stopped gracefully
-// (SIGTERM, which must exit 0) near the end of a burst followed by a lull,
-// while it is draining and writers do not notify, and its successor starts
-// a deploy gap later; the next relay goes once it is listening. (In the
-// lull no later commit's NOTIFY rescues rows that the stopping relay left.) Meanwhile the other relays must get
-// every event within milliseconds: the stopping relay hands its wake-ups
-// over on its way out.
+// (SIGTERM, which must exit 0) during a burst followed by a lull, while it
+// is draining and writers do not notify, and its successor starts a deploy
+// gap later; the next relay goes once it is listening. Meanwhile the other
+// relays must get every event within milliseconds: the stopping relay
+// hands its wake-ups over on its way out. Where it can, each step is a
+// hand-over probe (probe.go): the relay stopped is the one that said
+// "busy" while the others sleep, with a writer that saw it busy still
+// open; otherwise the relay is stopped towards the end of the burst (in
+// the lull no later commit's NOTIFY rescues what it left).
 func (r *run) rollingDeploy(ctx context.Context) {
 	r.logf("rolling deploy: redeploying %d relays one by one", len(r.relays))
-	for i, p := range r.relays {
-		inc := p.incarnationNo()
+	todo := slices.Clone(r.relays)
+	for len(todo) > 0 {
 		select {
 		case <-r.burstStarted: // an earlier burst's
 		default:
 		}
 		r.requestDeployBurst()
+		started := false
 		select {
 		case <-r.burstStarted:
-			// Into the burst, towards its end: settle starts, then commits
-			// for 200ms at 300/s, then the load pauses.
-			time.Sleep(120*time.Millisecond + time.Duration(r.rng.Int64N(int64(140*time.Millisecond))))
+			started = true
 		case <-time.After(5 * time.Second):
 		}
+		p, pr := todo[0], (*probe)(nil)
+		if started {
+			p, pr = r.openProbe(ctx, todo)
+		}
+		if pr == nil && started {
+			// Into the burst, towards its end: settle starts, then commits
+			// for 150-200ms, then the load pauses.
+			time.Sleep(120*time.Millisecond + time.Duration(r.rng.Int64N(int64(140*time.Millisecond))))
+		}
+		todo = slices.DeleteFunc(todo, func(q *proc) bool { return q == p })
+		inc := p.incarnationNo()
 		gap := r.between(1500*time.Millisecond, 3*time.Second)
+		var committed chan struct{}
+		if pr != nil {
+			committed = r.commitLater(pr)
+		}
 		took, err := p.redeploy(gap)
 		if err != nil {
 			r.problem("rolling deploy: %v", err)
+		}
+		how := "during a burst"
+		if pr != nil {
+			<-committed
+			how = "as the lone busy relay, with a writer open that saw it busy"
+			if !pr.ready {
+				how = "with a writer open that saw it busy (another relay woke meanwhile)"
+			}
 		}
 		for deadline := time.Now().Add(30 * time.Second); ctx.Err() == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			if p.incarnationNo() > inc && p.logged(`msg=listening`) {
@@ -347,8 +372,8 @@ func (r *run) rollingDeploy(ctx context.Context) {
 		r.mu.Lock()
 		r.restarts++
 		r.mu.Unlock()
-		r.logf("rolling deploy: %s stopped in %s during a burst, back after a %s gap", p.name, took.Round(time.Millisecond), gap)
-		if i < len(r.relays)-1 {
+		r.logf("rolling deploy: %s stopped in %s %s, back after a %s gap", p.name, took.Round(time.Millisecond), how, gap)
+		if len(todo) > 0 {
 			time.Sleep(r.between(500*time.Millisecond, 2*time.Second))
 		}
 	}

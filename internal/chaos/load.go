@@ -48,13 +48,6 @@ func (r *run) settleLoop(ctx context.Context) {
 			time.Sleep(ph.lull)
 			continue
 		}
-		if ph.burst {
-			r.bursts++
-			select {
-			case r.burstStarted <- struct{}{}:
-			default:
-			}
-		}
 		count := min(ph.count, remaining)
 		r.settleRuns++
 		log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -62,14 +55,39 @@ func (r *run) settleLoop(ctx context.Context) {
 			r.problem("settle log: %v", err)
 			return
 		}
+		runCtx, cut := context.WithCancel(ctx)
+		if ph.burst {
+			r.bursts++
+			if ph.lullAfter > 0 { // a deploy's: it may cut the burst short
+				r.mu.Lock()
+				r.burstCut, r.burstEnded = cut, make(chan struct{})
+				r.mu.Unlock()
+			}
+			select {
+			case r.burstStarted <- struct{}{}:
+			default:
+			}
+		}
 		fmt.Fprintf(log, "=== chaos: settle run #%d for %d TEDs at %g/s (%d committed) at %s\n", r.settleRuns, count, ph.rate, committed, stamp(time.Now()))
-		cmd := exec.CommandContext(ctx, r.cfg.Binary, "settle", "--database-url", r.dbURL,
+		cmd := exec.CommandContext(runCtx, r.cfg.Binary, "settle", "--database-url", r.dbURL,
 			"--count", strconv.Itoa(count), "--rate", strconv.FormatFloat(ph.rate, 'f', -1, 64),
 			"--concurrency", strconv.Itoa(r.cfg.Concurrency), "--json")
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		err = cmd.Run()
+		wasCut := runCtx.Err() != nil && ctx.Err() == nil
+		cut()
+		r.mu.Lock()
+		if r.burstEnded != nil {
+			close(r.burstEnded)
+			r.burstCut, r.burstEnded = nil, nil
+		}
+		r.mu.Unlock()
+		if wasCut {
+			err = nil // the suite ended the burst (cutBurst); what committed is counted
+			fmt.Fprintf(log, "=== chaos: settle run #%d cut short by the suite\n", r.settleRuns)
+		}
 		fmt.Fprintf(log, "=== chaos: settle run #%d ended: %v\n", r.settleRuns, err)
 		_ = log.Close()
 		if ph.lullAfter > 0 {
@@ -102,6 +120,10 @@ const (
 	burstCount   = 60
 	burstFactor  = 10
 	burstMinRate = 300
+	// deployLull follows a deploy's burst: long enough that a probe's
+	// writer commits in it and has a second with no other commit
+	// (probe.go).
+	deployLull = 3 * time.Second
 )
 
 // nextPhase picks the next phase: a burst when a fault asked for one
@@ -110,7 +132,7 @@ func (r *run) nextPhase() phase {
 	burst := phase{count: burstCount, rate: max(burstFactor*r.cfg.Rate, burstMinRate), burst: true}
 	select {
 	case <-r.deployBurst:
-		burst.lullAfter = 2 * time.Second
+		burst.lullAfter = deployLull
 		return burst
 	case <-r.burstNow:
 		return burst
@@ -124,6 +146,29 @@ func (r *run) nextPhase() phase {
 	default:
 		return phase{lull: time.Second + time.Duration(r.loadRng.Int64N(int64(time.Second)))}
 	}
+}
+
+// cutBurst ends a deploy's burst now: its settle process is killed, and
+// cutBurst returns once it has exited (no more commits of that burst). A
+// TED in flight commits or not; the next settle run counts what did.
+func (r *run) cutBurst() {
+	r.mu.Lock()
+	cut, ended := r.burstCut, r.burstEnded
+	r.mu.Unlock()
+	if cut == nil {
+		return
+	}
+	cut()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		r.problem("the deploy burst's settle run did not exit 5s after it was cut")
+	}
+}
+
+// maxPhaseCount is the most TEDs one settle run settles.
+func (r *run) maxPhaseCount() int {
+	return max(burstCount, int(r.cfg.Rate*steadyFor.Seconds()))
 }
 
 // requestDeployBurst makes the next load phase a burst followed by a lull.

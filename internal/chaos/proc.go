@@ -377,3 +377,36 @@ func cleanEnv() []string {
 }
 
 func stamp(t time.Time) string { return t.Format("15:04:05.000") }
+
+// wakeState returns the wake-up state the current incarnation of a relay
+// last logged ("wake state" debug lines: busy, asleep, ...): "unsure" before
+// its first, "" if it cannot tell.
+func (p *proc) wakeState() string {
+	p.mu.Lock()
+	off := p.logOffset
+	p.mu.Unlock()
+	f, err := os.Open(p.logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	const tail = 64 << 10
+	from := max(off, fi.Size()-tail)
+	b, err := io.ReadAll(io.NewSectionReader(f, from, fi.Size()-from))
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndex(b, []byte(`msg="wake state"`))
+	if i < 0 {
+		if from == off {
+			return "unsure"
+		}
+		return ""
+	}
+	line, _, _ := bytes.Cut(b[i:], []byte("\n"))
+	return field(" "+string(line), "state")
+}

@@ -552,6 +552,7 @@ func (r *run) stranded(ctx context.Context, res *Result) {
 	}
 	windows := faultWindows(faults, setupBack)
 	rep := classify(events, windows)
+	r.judgeProbes(events, windows, res)
 	res.Judged, res.Stranded = rep.Judged, len(rep.Stranded)
 	if rep.Judged > 0 {
 		res.WorstCalm = rep.Worst.delay()
