@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/reconcile"
 )
@@ -76,7 +77,12 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	lone := uuid.New()
 	f.exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-lone', 'acct-00', 500)", lone)
 	// A sender's total changed behind anti-fraud's back.
-	if err := f.rdb.HIncrBy(f.ctx, f.keyPrefix()+"account:acct-03", "sent_cents", 1).Err(); err != nil {
+	var settledAt time.Time
+	if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-03' LIMIT 1").Scan(&settledAt); err != nil {
+		t.Fatal(err)
+	}
+	day, _ := fraud.Day(settledAt)
+	if err := f.rdb.HIncrBy(f.ctx, fraud.Keys{Prefix: f.keyPrefix()}.DayAccount(day, "acct-03"), "sent_cents", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1136,8 +1136,8 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	verdicts := f.keyPrefix() + "verdicts"
-	if err := f.rdb.Set(f.ctx, verdicts, "in the way", 0).Err(); err != nil {
+	alerts := f.keyPrefix() + "alerts"
+	if err := f.rdb.Set(f.ctx, alerts, "in the way", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	c := f.consumer("c1", func(c *fraud.Config) {
@@ -1151,7 +1151,7 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	if rep := f.report(); rep.DeadLettered != 0 || rep.Verdicts != 0 {
 		t.Fatalf("report %+v: a transient failure dead-lettered or half-applied entries", rep)
 	}
-	if err := f.rdb.Del(f.ctx, verdicts).Err(); err != nil {
+	if err := f.rdb.Del(f.ctx, alerts).Err(); err != nil {
 		t.Fatal(err)
 	}
 	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().Verdicts == 5 }, "entries not applied after the fault cleared")

@@ -19,6 +19,7 @@ const (
 	DefaultClaimMinIdle     = 30 * time.Second
 	DefaultMaxDeliveries    = 5
 	DefaultDedupeTTL        = 7 * 24 * time.Hour
+	DefaultRetention        = 7 * 24 * time.Hour
 	DefaultAmountLimitCents = 5_000_000  // R$ 50.000,00 in one TED
 	DefaultWindowLimitCents = 10_000_000 // R$ 100.000,00 per sender per window
 	DefaultWindow           = time.Hour
@@ -49,6 +50,11 @@ type Config struct {
 	// DedupeTTL is how long a processed event id is remembered. It must exceed
 	// every redelivery window (stream retention, outbox lease and outages).
 	DedupeTTL time.Duration
+	// Retention is how long verdicts, the per-sender daily totals and the
+	// alerts stream are kept: a transfer's verdict and its day's totals
+	// expire together, Retention after the end of its settlement day (UTC).
+	// It bounds the Redis memory the consumer uses (docs/operations.md).
+	Retention time.Duration
 	// The velocity rule: a transfer goes to review when its amount exceeds
 	// AmountLimitCents, or when the sender's total over Window (this transfer
 	// included) exceeds WindowLimitCents.
@@ -101,6 +107,9 @@ func (c Config) withDefaults() Config {
 	if c.DedupeTTL == 0 {
 		c.DedupeTTL = DefaultDedupeTTL
 	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
 	if c.AmountLimitCents == 0 {
 		c.AmountLimitCents = DefaultAmountLimitCents
 	}
@@ -137,6 +146,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries)
 	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
 		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
+	case c.Retention < time.Hour:
+		return fmt.Errorf("retention %s: must be at least an hour", c.Retention)
 	case c.AmountLimitCents < 1 || c.WindowLimitCents < 1:
 		return fmt.Errorf("limits must be positive")
 	case c.Window < time.Second:
@@ -148,14 +159,56 @@ func (c Config) Validate() error {
 // Keys names the Redis keys under a prefix.
 type Keys struct{ Prefix string }
 
+// Seen is an event's dedupe marker; its value is the verdict.
 func (k Keys) Seen(eventID string) string { return k.Prefix + "seen:" + eventID }
-func (k Keys) Verdicts() string           { return k.Prefix + "verdicts" }
-func (k Keys) Account(acct string) string { return k.Prefix + "account:" + acct }
-func (k Keys) Accounts() string           { return k.Prefix + "accounts" }
-func (k Keys) Window(acct string) string  { return k.Prefix + "window:" + acct }
-func (k Keys) Stats() string              { return k.Prefix + "stats" }
-func (k Keys) Alerts() string             { return k.Prefix + "alerts" }
-func (k Keys) DeadLetters() string        { return k.Prefix + "dlq" }
+
+// Verdict is a transfer's verdict ("approve" or "review").
+func (k Keys) Verdict(transferID string) string { return k.Prefix + "verdict:" + transferID }
+
+// Verdicts is the hash in which consumers before the retention kept every
+// verdict, with no expiry. It is no longer written; lookups still read it
+// for transfers judged before an upgrade (delete it once they no longer
+// matter).
+func (k Keys) Verdicts() string { return k.Prefix + "verdicts" }
+
+// Days indexes the settlement days (YYYY-MM-DD) that have totals, by day
+// number.
+func (k Keys) Days() string { return k.Prefix + "days" }
+
+// DayAccounts is the set of the sender accounts with totals on day.
+func (k Keys) DayAccounts(day string) string { return k.Prefix + "day:" + day + ":accounts" }
+
+// DayAccount holds a sender's totals of one day: sent_cents and transfers.
+func (k Keys) DayAccount(day, acct string) string {
+	return k.Prefix + "day:" + day + ":account:" + acct
+}
+
+// Window is the sender's recent transfers, for the velocity rule.
+func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
+
+// Stats holds the lifetime counters of the report.
+func (k Keys) Stats() string { return k.Prefix + "stats" }
+
+// Alerts is the stream of transfers sent to review.
+func (k Keys) Alerts() string { return k.Prefix + "alerts" }
+
+// DeadLetters is the dead-letter stream.
+func (k Keys) DeadLetters() string { return k.Prefix + "dlq" }
 
 // Consumer is the lease of a running consumer's name in a group.
 func (k Keys) Consumer(group, name string) string { return k.Prefix + "consumer:" + group + ":" + name }
+
+// Day is the settlement day of t (UTC) as the keys name it, and its number.
+func Day(t time.Time) (day string, number int64) {
+	n := t.UnixMilli() / msPerDay
+	return time.UnixMilli(n * msPerDay).UTC().Format(time.DateOnly), n
+}
+
+// DayExpiry is when the verdict and day totals of a transfer settled at t
+// expire: the end of its UTC day plus retention.
+func DayExpiry(t time.Time, retention time.Duration) time.Time {
+	n := t.UnixMilli() / msPerDay
+	return time.UnixMilli((n+1)*msPerDay + retention.Milliseconds())
+}
+
+const msPerDay = 24 * 60 * 60 * 1000

@@ -459,26 +459,41 @@ func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 }
 
 func (c *Consumer) effectKeys(ev Event) []string {
-	id := ev.EventID.String()
+	day, _ := Day(ev.SettledAt)
 	return []string{
-		c.keys.Seen(id), c.keys.Verdicts(), c.keys.Account(ev.FromAccount), c.keys.Accounts(),
+		c.keys.Seen(ev.EventID.String()), c.keys.Verdict(ev.TransferID.String()),
+		c.keys.DayAccount(day, ev.FromAccount), c.keys.DayAccounts(day), c.keys.Days(),
 		c.keys.Window(ev.FromAccount), c.keys.Stats(), c.keys.Alerts(),
 	}
 }
 
 func (c *Consumer) effectArgs(ev Event) []any {
+	now := time.Now()
+	day, dayNo := Day(ev.SettledAt)
+	expireAt := DayExpiry(ev.SettledAt, c.cfg.Retention).UnixMilli()
+	if expireAt <= now.UnixMilli() {
+		expireAt = 0 // settled longer ago than the retention: keep no verdict or totals
+	}
+	_, oldest := Day(now.Add(-c.cfg.Retention))
+	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
 	return []any{
 		int64(c.cfg.DedupeTTL / time.Second),
 		ev.EventID.String(),
 		ev.TransferID.String(),
 		ev.FromAccount,
-		strconv.FormatInt(ev.AmountCents, 10),
-		strconv.FormatInt(ev.SettledAt.UnixMilli(), 10),
-		strconv.FormatInt(c.cfg.Window.Milliseconds(), 10),
-		strconv.FormatInt(c.cfg.AmountLimitCents, 10),
-		strconv.FormatInt(c.cfg.WindowLimitCents, 10),
+		ms(ev.AmountCents),
+		ms(ev.SettledAt.UnixMilli()),
+		ms(c.cfg.Window.Milliseconds()),
+		ms(c.cfg.AmountLimitCents),
+		ms(c.cfg.WindowLimitCents),
 		ev.ToAccount,
 		ev.Currency,
+		ms(expireAt),
+		day,
+		ms(dayNo),
+		ms(oldest - 1),
+		ms((c.cfg.DedupeTTL + 2*c.cfg.Window).Milliseconds()),
+		ms(now.Add(-c.cfg.Retention).UnixMilli()),
 	}
 }
 

@@ -3,22 +3,35 @@
 -- atomically, so a crash can leave either everything or nothing; all checks
 -- come before the first write because scripts do not roll back.
 --
--- KEYS[1] dedupe marker      KEYS[2] verdicts hash      KEYS[3] sender totals hash
--- KEYS[4] accounts set       KEYS[5] sender window zset KEYS[6] stats hash
--- KEYS[7] alerts stream
--- ARGV[1] marker TTL (s)     ARGV[2] event_id           ARGV[3] transfer_id
--- ARGV[4] from_account       ARGV[5] amount_cents       ARGV[6] settled_at (ms)
--- ARGV[7] window (ms)        ARGV[8] amount limit       ARGV[9] window limit
--- ARGV[10] to_account        ARGV[11] currency
+-- Every key it writes has a bounded life (docs/operations.md, "Redis memory"):
+-- the marker lives the dedupe TTL; the verdict and the day's totals live until
+-- the end of the transfer's settlement day (UTC) plus the retention, all to
+-- the same instant, so a verdict and the totals it counts in go together; the
+-- sender's window lives the dedupe TTL plus two windows after its last write;
+-- the alerts stream keeps the retention; the days index is trimmed with it.
+--
+-- KEYS[1] dedupe marker         KEYS[2] verdict (per transfer)
+-- KEYS[3] sender's day totals   KEYS[4] day's senders set
+-- KEYS[5] days index zset       KEYS[6] sender window zset
+-- KEYS[7] stats hash            KEYS[8] alerts stream
+-- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
+-- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
+-- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
+-- ARGV[10] to_account           ARGV[11] currency
+-- ARGV[12] when the verdict and day keys expire (unix ms; 0: the settlement
+--          day is already past the retention, keep neither)
+-- ARGV[13] day (YYYY-MM-DD)     ARGV[14] day number (days since the epoch)
+-- ARGV[15] oldest day number the index keeps
+-- ARGV[16] window key TTL (ms)  ARGV[17] alerts kept from this id on (ms)
 -- Returns 0 for a duplicate, 1 for approve, 2 for review.
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HINCRBY', KEYS[6], 'duplicates_skipped', 1)
+  redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
   return 0
 end
 
 -- Keys written after the first non-idempotent write must not fail mid-script
 -- (a wrong type would leave half an effect behind): check them first.
-for _, k in ipairs({{KEYS[6], 'hash'}, {KEYS[7], 'stream'}}) do
+for _, k in ipairs({{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}) do
   local t = redis.call('TYPE', k[1]).ok
   if t ~= 'none' and t ~= k[2] then
     return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
@@ -28,10 +41,11 @@ end
 local amount = tonumber(ARGV[5])
 local at = tonumber(ARGV[6])
 local window = tonumber(ARGV[7])
+local expireAt = tonumber(ARGV[12])
 
 -- The sender's total over (at - window, at], this transfer included.
 local total = amount
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. (at - window), at)) do
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), at)) do
   total = total + tonumber(string.match(member, '^(%d+):'))
 end
 
@@ -43,20 +57,29 @@ elseif total > tonumber(ARGV[9]) then
 end
 
 -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
-redis.call('HSET', KEYS[2], ARGV[3], verdict)
-redis.call('SADD', KEYS[4], ARGV[4])
-redis.call('ZADD', KEYS[5], at, ARGV[5] .. ':' .. ARGV[2])
+if expireAt > 0 then
+  redis.call('SET', KEYS[2], verdict, 'PXAT', expireAt)
+  redis.call('SADD', KEYS[4], ARGV[4])
+  redis.call('PEXPIREAT', KEYS[4], expireAt)
+  redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
+end
+redis.call('ZADD', KEYS[6], at, ARGV[5] .. ':' .. ARGV[2])
 -- Forget transfers older than the newest one seen minus two windows: events
 -- of one sender can arrive up to a window late and still be judged right.
-local newest = tonumber(redis.call('ZREVRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (newest - 2 * window))
+local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (newest - 2 * window))
+redis.call('PEXPIRE', KEYS[6], ARGV[16])
 -- Then the counters, which must happen once.
-redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-redis.call('HINCRBY', KEYS[3], 'transfers', 1)
-redis.call('HINCRBY', KEYS[6], 'verdicts', 1)
+if expireAt > 0 then
+  redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
+  redis.call('HINCRBY', KEYS[3], 'transfers', 1)
+  redis.call('PEXPIREAT', KEYS[3], expireAt)
+end
+redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
 if verdict == 'review' then
-  redis.call('HINCRBY', KEYS[6], 'reviews', 1)
-  redis.call('XADD', KEYS[7], '*',
+  redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+  redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
     'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
     'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
     'window_total_cents', string.format('%d', total), 'reason', reason)

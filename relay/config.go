@@ -23,7 +23,10 @@ const (
 	DefaultStreamPrefix   = "outbox.event."
 	DefaultChannel        = "outbox_messages"
 	DefaultTrimInterval   = 10 * time.Second
-	DefaultBusyPace       = 2 * time.Millisecond
+	// DefaultStreamRetention: entries that every consumer group has
+	// acknowledged are trimmed once they are this old.
+	DefaultStreamRetention = time.Hour
+	DefaultBusyPace        = 2 * time.Millisecond
 )
 
 // MaxBatchSize bounds Config.BatchSize.
@@ -72,9 +75,12 @@ type Config struct {
 	// Stream, when set, is the one stream every event goes to instead.
 	Stream string
 	// StreamMaxLen and StreamRetention cap the streams this relay publishes
-	// to (0: no cap): entries beyond the newest StreamMaxLen, or older than
+	// to: entries beyond the newest StreamMaxLen (0: no cap), or older than
 	// StreamRetention, are trimmed every TrimInterval (default 10s) — but
 	// never one that a consumer group has not read or not acknowledged.
+	// When both are 0, StreamRetention is DefaultStreamRetention: streams
+	// are trimmed by acknowledged position, an hour behind. A negative
+	// StreamRetention keeps every entry (streams grow without bound).
 	StreamMaxLen    int64
 	StreamRetention time.Duration
 	TrimInterval    time.Duration
@@ -136,6 +142,9 @@ func (c Config) withDefaults() Config {
 	if c.TrimInterval == 0 {
 		c.TrimInterval = DefaultTrimInterval
 	}
+	if c.StreamMaxLen == 0 && c.StreamRetention == 0 {
+		c.StreamRetention = DefaultStreamRetention
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -166,8 +175,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
-	case c.StreamMaxLen < 0 || c.StreamRetention < 0 || c.TrimInterval < 0:
-		return fmt.Errorf("stream max length, retention and trim interval must not be negative")
+	case c.StreamMaxLen < 0 || c.TrimInterval < 0:
+		return fmt.Errorf("stream max length and trim interval must not be negative")
 	case !channelPattern.MatchString(c.Channel):
 		return fmt.Errorf("channel %q: must match %s", c.Channel, channelPattern)
 	}

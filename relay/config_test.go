@@ -28,6 +28,28 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
+// Streams are trimmed by default, behind what every group acknowledged;
+// an explicit cap replaces the default, and a negative retention keeps all.
+func TestConfigTrimsStreamsByDefault(t *testing.T) {
+	for _, tc := range []struct {
+		in        Config
+		maxLen    int64
+		retention time.Duration
+	}{
+		{Config{}, 0, DefaultStreamRetention},
+		{Config{StreamMaxLen: 1000}, 1000, 0},
+		{Config{StreamRetention: -1}, 0, -1},
+	} {
+		c := tc.in.withDefaults()
+		if c.StreamMaxLen != tc.maxLen || c.StreamRetention != tc.retention {
+			t.Errorf("%+v: max len %d, retention %s; want %d, %s", tc.in, c.StreamMaxLen, c.StreamRetention, tc.maxLen, tc.retention)
+		}
+		if err := tc.in.Validate(); err != nil {
+			t.Errorf("%+v: %v", tc.in, err)
+		}
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	for name, c := range map[string]Config{
 		"negative batch":            {BatchSize: -1},

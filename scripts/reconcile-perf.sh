@@ -21,9 +21,14 @@ ALTER TABLE outbox_messages ENABLE TRIGGER USER;
 ANALYZE;
 SQL
 redis-cli -n 13 flushdb >/dev/null
-# verdicts and totals
-psql -h 127.0.0.1 -U root -d $DB -At -F ' ' -c "SELECT 'HSET fraud:verdicts ' || id || ' approve' FROM transfers" | redis-cli -n 13 --pipe >/dev/null
-psql -h 127.0.0.1 -U root -d $DB -At -c "SELECT 'HSET fraud:account:' || from_account || ' sent_cents ' || sum(amount_cents) || ' transfers ' || count(*) FROM transfers GROUP BY from_account" | redis-cli -n 13 --pipe >/dev/null
+# verdicts and daily totals, as anti-fraud writes them (fraud/effect.lua),
+# expiring with the default retention (7 days after the settlement day)
+DAY="to_char(settled_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
+DAYNO="floor(extract(epoch FROM settled_at) / 86400)::bigint"
+EXP="((($DAYNO + 1) * 86400 + 7 * 86400) * 1000)"
+psql -h 127.0.0.1 -U root -d $DB -At -F ' ' -c "SELECT 'SET fraud:verdict:' || id || ' approve PXAT ' || $EXP FROM transfers" | redis-cli -n 13 --pipe >/dev/null
+psql -h 127.0.0.1 -U root -d $DB -At -c "SELECT 'HSET fraud:day:' || $DAY || ':account:' || from_account || ' sent_cents ' || sum(amount_cents) || ' transfers ' || count(*) FROM transfers GROUP BY from_account, $DAY" | redis-cli -n 13 --pipe >/dev/null
+psql -h 127.0.0.1 -U root -d $DB -At -c "SELECT DISTINCT 'ZADD fraud:days ' || $DAYNO || ' ' || $DAY FROM transfers" | redis-cli -n 13 --pipe >/dev/null
 echo "data ready: $N"
 for run in 1 2 3; do
   /usr/bin/time -f "run $run: %e s wall, %M KB max RSS" bin/outbox reconcile --database-url postgres://root@127.0.0.1:5432/$DB --redis-url redis://127.0.0.1:6379/13 --since 1h --grace 0s --json | python3 -c "import json,sys; r=json.load(sys.stdin); print({k:r[k] for k in ['transfers','events','senders','totals_differ','ok']})"

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 )
 
@@ -29,9 +30,9 @@ var (
 	}
 )
 
-// mandatory is the faults every run injects: each fail point first, then a
-// busy error and a rolling deploy (they only matter while events flow), then
-// every other kind and variant in a random order.
+// mandatory is the faults every run injects: two busy errors and two
+// rolling deploys first (they only matter while events flow), then each fail
+// point, then every other kind and variant in a random order.
 func (r *run) mandatory() []planned {
 	var fps, rest []planned
 	for _, fp := range Failpoints {
@@ -51,11 +52,11 @@ func (r *run) mandatory() []planned {
 	}
 	r.rng.Shuffle(len(fps), func(i, j int) { fps[i], fps[j] = fps[j], fps[i] })
 	r.rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
-	// The busy error and the deploy need events flowing: early, with the
-	// fail points.
+	// The busy errors and the deploys need events flowing: first, then the
+	// fail points (which need some traffic too).
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
-	return slices.Concat(fps, traffic, rest)
+	return slices.Concat(traffic, fps, rest)
 }
 
 // random picks a weighted random fault.
@@ -325,25 +326,37 @@ func (r *run) rollingDeploy(ctx context.Context) {
 	r.logf("rolling deploy: redeploying %d relays one by one", len(r.relays))
 	todo := slices.Clone(r.relays)
 	for len(todo) > 0 {
-		select {
-		case <-r.burstStarted: // an earlier burst's
-		default:
-		}
-		r.requestDeployBurst()
-		started := false
-		select {
-		case <-r.burstStarted:
-			started = true
-		case <-time.After(5 * time.Second):
-		}
-		p, pr := todo[0], (*probe)(nil)
-		if started {
-			p, pr = r.openProbe(ctx, todo)
+		var (
+			p       = todo[0]
+			pr      *probe
+			started bool
+			into    time.Time
+		)
+		for try := 1; pr == nil && try <= probeBursts; try++ {
+			select {
+			case <-r.burstStarted: // an earlier burst's
+			default:
+			}
+			r.requestDeployBurst()
+			select {
+			case <-r.burstStarted:
+				started = true
+			case <-time.After(5 * time.Second):
+				started = false
+				r.logf("rolling deploy: no burst started within 5s (the load is over?)")
+			}
+			into = time.Now().Add(120*time.Millisecond + time.Duration(r.rng.Int64N(int64(140*time.Millisecond))))
+			if !started {
+				break
+			}
+			var search bool
+			if p, pr, search = r.openProbe(ctx, todo); !search {
+				break
+			}
 		}
 		if pr == nil && started {
-			// Into the burst, towards its end: settle starts, then commits
-			// for 150-200ms, then the load pauses.
-			time.Sleep(120*time.Millisecond + time.Duration(r.rng.Int64N(int64(140*time.Millisecond))))
+			// Into the burst (if the probe did not search past that).
+			time.Sleep(time.Until(into))
 		}
 		todo = slices.DeleteFunc(todo, func(q *proc) bool { return q == p })
 		inc := p.incarnationNo()
@@ -533,14 +546,14 @@ func (r *run) waitRecovery(ctx context.Context, rec FaultRecord) time.Duration {
 		}
 		time.Sleep(50 * time.Millisecond)
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		vals, err := r.rdb.HMGet(cctx, "fraud:verdicts", unjudged...).Result()
+		vals, err := fraud.ReadVerdicts(cctx, r.rdb, keyPrefix, unjudged)
 		cancel()
 		if err != nil {
 			continue
 		}
 		left := unjudged[:0]
 		for i, v := range vals {
-			if v == nil {
+			if v == "" {
 				left = append(left, unjudged[i])
 			}
 		}
@@ -569,17 +582,13 @@ func (r *run) unjudged(ctx context.Context) ([]string, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	judged, err := r.rdb.HKeys(ctx, "fraud:verdicts").Result()
+	verdicts, err := fraud.ReadVerdicts(ctx, r.rdb, keyPrefix, ids)
 	if err != nil {
 		return nil, err
 	}
-	seen := make(map[string]bool, len(judged))
-	for _, id := range judged {
-		seen[id] = true
-	}
 	var out []string
-	for _, id := range ids {
-		if !seen[id] {
+	for i, id := range ids {
+		if verdicts[i] == "" {
 			out = append(out, id)
 		}
 	}

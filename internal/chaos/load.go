@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
 )
 
 // settleLoop runs `outbox settle` directly against PostgreSQL until the
@@ -120,6 +124,10 @@ const (
 	burstCount   = 60
 	burstFactor  = 10
 	burstMinRate = 300
+	// deployBurstCount: a deploy's burst is longer (a hand-over probe waits
+	// in it for one relay to be the lone busy one, then cuts it). Not
+	// faster: at a thousand TEDs a second both relays drain side by side.
+	deployBurstCount = 150
 	// deployLull follows a deploy's burst: long enough that a probe's
 	// writer commits in it and has a second with no other commit
 	// (probe.go).
@@ -132,7 +140,7 @@ func (r *run) nextPhase() phase {
 	burst := phase{count: burstCount, rate: max(burstFactor*r.cfg.Rate, burstMinRate), burst: true}
 	select {
 	case <-r.deployBurst:
-		burst.lullAfter = deployLull
+		burst.count, burst.lullAfter = deployBurstCount, deployLull
 		return burst
 	case <-r.burstNow:
 		return burst
@@ -168,7 +176,7 @@ func (r *run) cutBurst() {
 
 // maxPhaseCount is the most TEDs one settle run settles.
 func (r *run) maxPhaseCount() int {
-	return max(burstCount, int(r.cfg.Rate*steadyFor.Seconds()))
+	return max(deployBurstCount, int(r.cfg.Rate*steadyFor.Seconds()))
 }
 
 // requestDeployBurst makes the next load phase a burst followed by a lull.
@@ -197,7 +205,7 @@ func (r *run) committed(ctx context.Context) (int, error) {
 }
 
 // backlog is the number of TEDs committed in PostgreSQL that anti-fraud has
-// not judged yet: transfers minus verdicts.
+// not judged yet: transfers minus effects applied.
 func (r *run) backlog(ctx context.Context) (int, error) {
 	committed, err := r.committed(ctx)
 	if err != nil {
@@ -205,11 +213,11 @@ func (r *run) backlog(ctx context.Context) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	verdicts, err := r.rdb.HLen(ctx, "fraud:verdicts").Result()
+	verdicts, err := r.verdictCount(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return committed - int(verdicts), nil
+	return committed - verdicts, nil
 }
 
 // outboxCounts returns the outbox rows by status.
@@ -266,3 +274,13 @@ func hostPort(rawURL string) string {
 }
 
 func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
+
+// verdictCount is how many effects anti-fraud applied (its stats counter;
+// verify checks it against the verdicts themselves).
+func (r *run) verdictCount(ctx context.Context) (int, error) {
+	n, err := r.rdb.HGet(ctx, fraud.Keys{Prefix: keyPrefix}.Stats(), "verdicts").Int()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return n, err
+}

@@ -9,7 +9,8 @@ import (
 )
 
 // Every run, short or not, injects every kind of fault and every fail point,
-// with the fail points first (they only fire while events flow).
+// with the busy errors, rolling deploys and fail points first (they only
+// matter while events flow).
 func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
 	for _, short := range []bool{true, false} {
 		r := &run{cfg: Config{Short: short}, rng: rand.New(rand.NewPCG(7, 7))}
@@ -20,9 +21,10 @@ func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
 			kinds[f.kind] = true
 			if f.kind == Failpoint {
 				fps = append(fps, f.variant)
-				if i >= len(Failpoints) {
-					t.Errorf("short=%v: fail point %s at position %d, after other faults", short, f.variant, i)
-				}
+			}
+			early := f.kind == Failpoint || f.kind == BusyError || f.kind == RollingDeploy
+			if first := len(Failpoints) + 4; early && i >= first {
+				t.Errorf("short=%v: %s %s at position %d, after other faults", short, f.kind, f.variant, i)
 			}
 		}
 		for _, k := range append(slices.Clone(Kinds), RollingDeploy) {

@@ -36,11 +36,14 @@ import (
 // 3s), long after the relay stopped claiming.
 const probeCommitAfter = 700 * time.Millisecond
 
-// probeSearch bounds the wait for the state a probe needs, and
-// probeSteady is how long that state must hold first.
+// probeSearch bounds the wait for the state a probe needs in one burst,
+// probeSteady is how long that state must hold first, and probeBursts is
+// how many bursts a deploy step tries before it stops a relay without a
+// probe.
 const (
 	probeSearch = 1500 * time.Millisecond
 	probeSteady = 40 * time.Millisecond
+	probeBursts = 3
 )
 
 // probe is one held writer.
@@ -64,12 +67,13 @@ const probeAccount = "chaos-probe"
 // "busy" while every other relay sleeps, and settles a TED in a
 // transaction it leaves open; then it cuts the burst short. It returns the
 // relay to stop and the probe, or the first relay of todo and nil when the
-// state did not come (or the load is too close to its end: the probe's TED
-// counts towards cfg.N, and settleLoop must still be able to settle the
-// rest).
-func (r *run) openProbe(ctx context.Context, todo []*proc) (*proc, *probe) {
+// state did not come (searched: another burst may bring it) or when it did
+// not search (the load is too close to its end: the probe's TED counts
+// towards cfg.N, and settleLoop must still be able to settle the rest).
+func (r *run) openProbe(ctx context.Context, todo []*proc) (_ *proc, _ *probe, searched bool) {
 	if n, err := r.committed(ctx); err != nil || r.cfg.N-n <= r.maxPhaseCount()+10 {
-		return todo[0], nil
+		r.logf("probe: none (%d of %d TEDs committed, err %v): the load is about to end", n, r.cfg.N, err)
+		return todo[0], nil, false
 	}
 	var (
 		last  *proc
@@ -93,14 +97,14 @@ func (r *run) openProbe(ctx context.Context, todo []*proc) (*proc, *probe) {
 		pr, held, err := r.holdWriter(ctx, p)
 		if err != nil {
 			r.logf("probe: %v", err)
-			return todo[0], nil
+			return todo[0], nil, false
 		}
 		if !held {
 			continue // its trigger read "asleep" and notified: a plain TED
 		}
 		r.cutBurst()
 		pr.ready = r.loneBusy([]*proc{p}) == p && r.idleFlagValue(ctx) == 0
-		return p, pr
+		return p, pr, true
 	}
 	var states []string
 	for _, q := range r.relays {
@@ -108,7 +112,7 @@ func (r *run) openProbe(ctx context.Context, todo []*proc) (*proc, *probe) {
 	}
 	r.logf("probe: no relay was the lone busy one for %s within %s (now %s, idle flag %d)",
 		probeSteady, probeSearch, strings.Join(states, ", "), r.idleFlagValue(ctx))
-	return todo[0], nil
+	return todo[0], nil, true
 }
 
 // loneBusy returns the relay of candidates that is not asleep while every

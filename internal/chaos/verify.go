@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,11 +41,9 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	v, err := r.rdb.HLen(ctx, keyPrefix+"verdicts").Result()
-	if err != nil {
+	if s.verdicts, err = r.verdictCount(ctx); err != nil {
 		return s, err
 	}
-	s.verdicts = int(v)
 	pend, err := r.rdb.XPending(ctx, stream, group).Result()
 	if err != nil {
 		return s, err
@@ -210,7 +210,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	res.StreamEntries, res.DuplicatesInRed = entries, entries-len(inStream)
 
 	// Anti-fraud: one verdict per transfer, effects applied once.
-	verdicts, err := r.rdb.HGetAll(ctx, keyPrefix+"verdicts").Result()
+	verdicts, err := r.verdicts(ctx)
 	if err != nil {
 		r.problem("read verdicts: %v", err)
 		return
@@ -313,4 +313,44 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	}
 	r.detail("stream %s holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
 		stream, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+}
+
+// verdicts reads every verdict key, by transfer id, with its expiry: each
+// must expire with its day's totals (fraud.DayExpiry), never be kept
+// forever.
+func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
+	keys := fraud.Keys{Prefix: keyPrefix}
+	prefix := keys.Verdict("")
+	var names []string
+	iter := r.rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		names = append(names, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(names))
+	unbounded := 0
+	for chunk := range slices.Chunk(names, 1000) {
+		vals := make([]*redis.StringCmd, len(chunk))
+		ttls := make([]*redis.DurationCmd, len(chunk))
+		if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range chunk {
+				vals[i], ttls[i] = p.Get(ctx, k), p.PTTL(ctx, k)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		for i, k := range chunk {
+			out[strings.TrimPrefix(k, prefix)] = vals[i].Val()
+			if ttls[i].Val() < 0 {
+				unbounded++
+			}
+		}
+	}
+	if unbounded > 0 {
+		r.problem("%d verdict keys have no expiry", unbounded)
+	}
+	return out, nil
 }

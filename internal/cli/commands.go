@@ -83,7 +83,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
 	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
-	fs.DurationVar(&cfg.StreamRetention, "stream-retention", 0, "trim entries older than this, never what a consumer group still needs (0 = keep)")
+	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
 	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
 		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
@@ -105,6 +105,12 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	cfg.BusyPace = *busyPace
 	if cfg.BusyPace == 0 {
 		cfg.BusyPace = -1 // never
+	}
+	switch {
+	case cfg.StreamRetention < 0 || cfg.StreamMaxLen < 0:
+		return usagef("--stream-retention and --stream-maxlen must not be negative")
+	case cfg.StreamRetention == 0, cfg.StreamMaxLen > 0 && !isSet(fs, "stream-retention"):
+		cfg.StreamRetention = -1 // no age cap (relay.Config: negative)
 	}
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
@@ -183,6 +189,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&cfg.AmountLimitCents, "amount-limit", fraud.DefaultAmountLimitCents, "review a TED above this amount (cents)")
 	fs.Int64Var(&cfg.WindowLimitCents, "window-limit", fraud.DefaultWindowLimitCents, "review when a sender's total over the window passes this (cents)")
 	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
+	fs.DurationVar(&cfg.Retention, "retention", fraud.DefaultRetention, "how long verdicts, daily sender totals and review alerts are kept (after the end of the settlement day); bounds Redis memory")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -192,7 +199,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if cfg.BatchSize <= 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
-		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 {
+		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 || cfg.Retention <= 0 {
 		return usagef("every numeric flag and duration must be positive")
 	}
 	cfg.Logger = log
@@ -260,7 +267,7 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 	for _, a := range rep.Accounts {
 		sent += a.SentCents
 	}
-	fmt.Fprintf(e.stdout, "verdicts %d (review %d), duplicates skipped %d, dead-lettered %d, %d sender accounts, R$ %s sent\n",
+	fmt.Fprintf(e.stdout, "verdicts %d (review %d), duplicates skipped %d, dead-lettered %d; over the retained days: %d sender accounts, R$ %s sent\n",
 		rep.Verdicts, rep.Reviews, rep.DuplicatesSkipped, rep.DeadLettered, len(rep.Accounts), transfer.FormatBRL(sent))
 	return nil
 }

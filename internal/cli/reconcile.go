@@ -22,6 +22,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	fs.Var(&grace, "grace", "events younger than this `duration` may still be on their way and are not reported")
 	stream := fs.String("stream", fraud.DefaultStream, "stream the relay publishes transfer events to")
 	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix")
+	retention := fs.Duration("retention", fraud.DefaultRetention, "anti-fraud's --retention: verdicts older than it have expired and are not looked for")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -35,7 +36,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	case time.Duration(grace) < 0:
 		return usagef("--grace %s: must not be negative", time.Duration(grace))
 	}
-	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile"}).Validate(); err != nil {
+	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Retention: *retention}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})
@@ -58,6 +59,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	}
 	rep, err := reconcile.Run(ctx, pool, rdb, reconcile.Options{
 		Since: now.Add(-time.Duration(since)), Grace: g, Stream: *stream, KeyPrefix: *keyPrefix, Now: now,
+		Retention: *retention,
 	})
 	if err != nil {
 		return err
@@ -111,6 +113,9 @@ func printReconcile(w io.Writer, rep reconcile.Report) {
 	line("events not published", rep.Unpublished, "relays down or failing: outbox status, outbox dead list")
 	line("published, no verdict yet", rep.NoVerdict, "the entry is in the stream: anti-fraud is behind or stuck (outbox status: group lag/pending)")
 	line("published, gone from the stream", rep.NotInStream, "deleted or lost before anti-fraud read it: publish it again (its outbox row back to pending)")
+	if rep.PastRetention > 0 {
+		fmt.Fprintf(w, "%d published events settled too long ago to still have a verdict (anti-fraud --retention) were not looked up\n", rep.PastRetention)
+	}
 	for _, d := range rep.SenderDiffs {
 		fmt.Fprintf(w, "totals differ: %s anti-fraud %d cents in %d transfers, PostgreSQL %d cents in %d (judged transfers)\n",
 			d.Account, d.FraudCents, d.FraudTransfers, d.WantCents, d.WantTransfers)

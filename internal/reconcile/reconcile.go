@@ -6,11 +6,13 @@
 //   - every transfer has its transfer.settled event (and no event lacks its
 //     transfer);
 //   - every event older than the grace period is published;
-//   - every published event older than the grace period has a verdict, and
-//     when it has none, whether its stream entry is still there (the consumer
-//     is behind) or gone (deleted before anti-fraud read it: lost to it);
-//   - each sender's anti-fraud totals equal the sums over the sender's
-//     transfers that have a verdict.
+//   - every published event older than the grace period has a verdict
+//     (unless its verdict is past anti-fraud's retention), and when it has
+//     none, whether its stream entry is still there (the consumer is behind)
+//     or gone (deleted before anti-fraud read it: lost to it);
+//   - each sender's anti-fraud totals over the retained days equal the sums
+//     over the sender's transfers that have a verdict (a verdict and the day
+//     totals it counts in expire together: fraud.Config.Retention).
 //
 // It reads PostgreSQL in one streamed pass (a hash join, no lock a writer or
 // a relay waits for) and Redis in pipelined batches, so it can run while
@@ -47,6 +49,8 @@ const (
 	senderBatch = 200
 	// totalsTries: a sender whose totals differ is read this many times.
 	totalsTries = 3
+	// expiryMargin: a verdict that expires this soon is not looked for.
+	expiryMargin = 10 * time.Minute
 )
 
 // Options says what to reconcile.
@@ -56,6 +60,9 @@ type Options struct {
 	// Stream is the stream transfer events are published to;
 	// KeyPrefix is anti-fraud's key prefix.
 	Stream, KeyPrefix string
+	// Retention is anti-fraud's (fraud.Config.Retention; 0: its default):
+	// transfers whose verdict has expired are not expected to have one.
+	Retention time.Duration
 	// Now is the time the grace period counts back from (zero: time.Now).
 	Now time.Time
 }
@@ -100,6 +107,9 @@ type Report struct {
 	// NotInStream: published events older than the grace period without a
 	// verdict whose stream entry is gone: anti-fraud will never see them.
 	NotInStream Diff `json:"not_in_stream"`
+	// PastRetention: published events whose verdict has expired (or soon
+	// will) with anti-fraud's retention; not looked up.
+	PastRetention int `json:"past_retention"`
 	// Senders: senders checked; TotalsDiffer: those whose totals differ
 	// (the first few).
 	Senders      int          `json:"senders"`
@@ -113,6 +123,7 @@ type row struct {
 	TransferID       *string    `db:"transfer_id"`
 	FromAccount      *string    `db:"from_account"`
 	AmountCents      *int64     `db:"amount_cents"`
+	SettledAt        *time.Time `db:"settled_at"`
 	EventID          *string    `db:"event_id"`
 	EventAggregateID *string    `db:"event_aggregate_id"`
 	Status           *string    `db:"status"`
@@ -131,6 +142,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 	}
 	if opt.Since.IsZero() {
 		opt.Since = opt.Now.Add(-DefaultSince)
+	}
+	if opt.Retention <= 0 {
+		opt.Retention = fraud.DefaultRetention
 	}
 	keys := fraud.Keys{Prefix: opt.KeyPrefix}
 	rep := Report{Since: opt.Since, Grace: opt.Grace.String(), SenderDiffs: []SenderDiff{}}
@@ -175,6 +189,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 			// Young: may still be on its way.
 		case *r.Status != "published":
 			rep.Unpublished.add(*r.EventID)
+		case fraud.DayExpiry(*r.SettledAt, opt.Retention).Before(opt.Now.Add(expiryMargin)):
+			// Its verdict has expired, or may while this runs.
+			rep.PastRetention++
 		default:
 			pending = append(pending, r)
 			if len(pending) == batch {
@@ -221,13 +238,13 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 	for i, r := range rs {
 		ids[i] = *r.TransferID
 	}
-	vals, err := rdb.HMGet(ctx, keys.Verdicts(), ids...).Result()
+	vals, err := fraud.ReadVerdicts(ctx, rdb, keys.Prefix, ids)
 	if err != nil {
-		return fmt.Errorf("read verdicts: %w", err)
+		return err
 	}
 	var missing []row
 	for i, v := range vals {
-		if v == nil {
+		if v == "" {
 			missing = append(missing, rs[i])
 		}
 	}
@@ -258,11 +275,14 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 	return nil
 }
 
-// checkTotals compares each sender's anti-fraud totals with the sums over
-// the sender's transfers that have a verdict, both read from Redis in one
-// MULTI so that no effect lands between them. A sender that differs is
-// read again, up to totalsTries times: a transfer committed after the SQL
-// read and judged before the Redis read differs once, not three times.
+// checkTotals compares each sender's anti-fraud totals, summed over the
+// retained days, with the sums over the sender's transfers that have a
+// verdict key, both read from Redis in one MULTI so that no effect lands
+// between them. (A verdict found only in the hash of older versions counted
+// in totals that are no longer read: it is left out on both sides.) A sender
+// that differs is read again, up to totalsTries times: a transfer committed
+// after the SQL read and judged before the Redis read differs once, not
+// three times.
 func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, keys fraud.Keys, senders []string) ([]SenderDiff, error) {
 	var diffs []SenderDiff
 	for try := 1; len(senders) > 0 && try <= totalsTries; try++ {
@@ -285,18 +305,24 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("read senders' transfers: %w", err)
 		}
+		days, err := rdb.ZRange(ctx, keys.Days(), 0, -1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read anti-fraud's days: %w", err)
+		}
 		verdicts := map[string]*redis.SliceCmd{}
-		totals := map[string]*redis.SliceCmd{}
+		totals := map[string][]*redis.SliceCmd{}
 		_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			for _, acct := range senders {
 				ids := make([]string, len(byAccount[acct]))
 				for i, t := range byAccount[acct] {
-					ids[i] = t.id
+					ids[i] = keys.Verdict(t.id)
 				}
 				if len(ids) > 0 {
-					verdicts[acct] = p.HMGet(ctx, keys.Verdicts(), ids...)
+					verdicts[acct] = p.MGet(ctx, ids...)
 				}
-				totals[acct] = p.HMGet(ctx, keys.Account(acct), "sent_cents", "transfers")
+				for _, day := range days {
+					totals[acct] = append(totals[acct], p.HMGet(ctx, keys.DayAccount(day, acct), "sent_cents", "transfers"))
+				}
 			}
 			return nil
 		})
@@ -314,8 +340,11 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 					}
 				}
 			}
-			tv := totals[acct].Val()
-			d.FraudCents, d.FraudTransfers = toInt(tv[0]), toInt(tv[1])
+			for _, tc := range totals[acct] {
+				tv := tc.Val()
+				d.FraudCents += toInt(tv[0])
+				d.FraudTransfers += toInt(tv[1])
+			}
 			if d.FraudCents != d.WantCents || d.FraudTransfers != d.WantTransfers {
 				diffs = append(diffs, d)
 				again = append(again, acct)

@@ -9,12 +9,13 @@
 SELECT t.id::text        AS transfer_id,
        t.from_account    AS from_account,
        t.amount_cents    AS amount_cents,
+       t.settled_at      AS settled_at,
        e.id::text        AS event_id,
        e.aggregate_id    AS event_aggregate_id,
        e.status          AS status,
        e.created_at      AS created_at,
        e.stream_id       AS stream_id
-  FROM (SELECT id, from_account, amount_cents FROM transfers WHERE settled_at >= $1) t
+  FROM (SELECT id, from_account, amount_cents, settled_at FROM transfers WHERE settled_at >= $1) t
   FULL JOIN (SELECT id, aggregate_id, status, created_at, stream_id
                FROM outbox_messages
               WHERE aggregate_type = 'transfer' AND event_type = 'transfer.settled'
