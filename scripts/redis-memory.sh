@@ -46,17 +46,16 @@ after=$(rc info memory | awk -F: '/^used_memory:/ {print $2+0}')
 echo "used_memory: $before -> $after bytes: $(( (after - before) / 1024 / 1024 )) MiB for $N TEDs, $(( (after - before) / N )) bytes per TED"
 echo "keys: $(rc dbsize)"
 for kind in 'fraud:seen:*' 'fraud:verdict:*' 'fraud:day:*:account:*' 'fraud:day:*:accounts' 'fraud:window:*'; do
-  total=0; n=0
-  for k in $(rc --scan --pattern "$kind" --count 1000 | head -1000); do
-    total=$(( total + $(rc memory usage "$k") )); n=$((n + 1))
-  done
-  count=$(rc --scan --pattern "$kind" --count 10000 | wc -l)
-  avg=0; [ "$n" -gt 0 ] && avg=$(( total / n ))
-  echo "$kind: $count keys, $avg bytes each (mean of $n), ttl of one: $(rc --scan --pattern "$kind" | head -1 | xargs -r redis-cli -u "$REDIS_URL" pttl) ms"
+  rc --scan --pattern "$kind" >/tmp/redismem-keys.txt
+  count=$(wc -l </tmp/redismem-keys.txt)
+  avg=$(head -1000 /tmp/redismem-keys.txt | sed 's/^/MEMORY USAGE /' | rc | awk '{s += $1; n++} END {if (n) print int(s / n); else print 0}')
+  ttl=$(head -1 /tmp/redismem-keys.txt | xargs -r redis-cli -u "$REDIS_URL" pttl)
+  echo "$kind: $count keys, $avg bytes each (MEMORY USAGE, mean of up to 1000), expires in ${ttl:-?} ms"
 done
 for k in outbox.event.transfer fraud:alerts fraud:stats fraud:days; do
   echo "$k: $(rc type $k), $(rc memory usage $k) bytes"
 done
 echo "outbox.event.transfer entries: $(rc xlen outbox.event.transfer) (trimmed once acknowledged and older than --stream-retention, 1h)"
+rc info memory | grep -E '^used_memory_(dataset|overhead):' 
 rc flushdb >/dev/null
 psql "$base/postgres$query" -qc "DROP DATABASE $db WITH (FORCE)" >/dev/null
