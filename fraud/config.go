@@ -50,6 +50,14 @@ type Config struct {
 	// DedupeTTL is how long a processed event id is remembered. It must exceed
 	// every redelivery window (stream retention, outbox lease and outages).
 	DedupeTTL time.Duration
+	// MinReplicas: after each batch's effects the consumer waits (Redis
+	// WAIT, on the connection that wrote them) until this many replicas
+	// have them, ReplicaTimeout at most (default 1s), and acknowledges the
+	// entries only then; otherwise they stay pending and are applied again
+	// (the dedupe marker makes that harmless where the effect survived). 0,
+	// the default, does not wait.
+	MinReplicas    int
+	ReplicaTimeout time.Duration
 	// Retention is how long verdicts, the per-sender daily totals and the
 	// alerts stream are kept: a transfer's verdict and its day's totals
 	// expire together, Retention after the end of its settlement day (UTC).
@@ -107,6 +115,9 @@ func (c Config) withDefaults() Config {
 	if c.DedupeTTL == 0 {
 		c.DedupeTTL = DefaultDedupeTTL
 	}
+	if c.ReplicaTimeout == 0 {
+		c.ReplicaTimeout = time.Second
+	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -146,6 +157,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries)
 	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
 		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
+	case c.MinReplicas < 0 || c.ReplicaTimeout < time.Millisecond:
+		return fmt.Errorf("min replicas %d / replica timeout %s: must not be negative / at least 1ms", c.MinReplicas, c.ReplicaTimeout)
 	case c.Retention < time.Hour:
 		return fmt.Errorf("retention %s: must be at least an hour", c.Retention)
 	case c.AmountLimitCents < 1 || c.WindowLimitCents < 1:

@@ -83,6 +83,9 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("fraud config: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.MinReplicas > 0 {
+		return nil, fmt.Errorf("fraud config: min replicas is not available with a cluster client yet")
+	}
 	return &Consumer{
 		cfg:   cfg,
 		rdb:   rdb,
@@ -319,10 +322,15 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 	}
 
 	if len(valid) > 0 {
+		var wait *redis.Cmd
 		run := func(items []item) error {
 			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i := range items {
 					items[i].cmd = effectScript.EvalSha(ctx, p, c.effectKeys(items[i].ev), c.effectArgs(items[i].ev)...)
+				}
+				if c.cfg.MinReplicas > 0 {
+					// On the connection that wrote the effects.
+					wait = p.Do(ctx, "wait", c.cfg.MinReplicas, c.cfg.ReplicaTimeout.Milliseconds())
 				}
 				return nil
 			})
@@ -341,8 +349,19 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 			_ = run(valid) // per-entry errors are checked below
 		}
 		failpoint.Inject("fraud.after-effect")
+		var unconfirmed error
+		if wait != nil {
+			if n, err := wait.Int64(); err != nil {
+				unconfirmed = fmt.Errorf("wait for %d replicas: %w", c.cfg.MinReplicas, err)
+			} else if n < int64(c.cfg.MinReplicas) {
+				unconfirmed = fmt.Errorf("effects confirmed by %d of %d replicas within %s", n, c.cfg.MinReplicas, c.cfg.ReplicaTimeout)
+			}
+		}
 		for _, it := range valid {
 			outcome, err := it.cmd.Int()
+			if err == nil && unconfirmed != nil {
+				err = unconfirmed
+			}
 			if err != nil {
 				it.span.RecordError(err)
 				it.span.SetStatus(codes.Error, err.Error())

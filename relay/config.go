@@ -63,6 +63,17 @@ type Config struct {
 	ReapInterval time.Duration
 	// PublishTimeout bounds one pipelined publish. Must be shorter than Lease.
 	PublishTimeout time.Duration
+	// MinReplicas: after each publish pipeline the relay waits (Redis WAIT,
+	// on the pipeline's connection) until this many replicas have its
+	// entries, ReplicaTimeout at most. Entries not confirmed are not marked
+	// published: they are released for another try without spending an
+	// attempt, and the relay backs off as when Redis is down (a failover
+	// that promotes a replica without them cannot lose a published event;
+	// consumers dedupe the copies the retries add). 0, the default, does
+	// not wait. Not available on a cluster client yet.
+	MinReplicas int
+	// ReplicaTimeout bounds the WAIT (default min(1s, PublishTimeout/2)).
+	ReplicaTimeout time.Duration
 	// MaxAttempts is how many failed attempts make a row dead.
 	MaxAttempts int
 	// BackoffBase and BackoffMax bound the exponential backoff (with jitter)
@@ -124,6 +135,9 @@ func (c Config) withDefaults() Config {
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = min(DefaultPublishTimeout, c.Lease/2)
 	}
+	if c.ReplicaTimeout == 0 {
+		c.ReplicaTimeout = min(time.Second, c.PublishTimeout/2)
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
@@ -175,6 +189,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
+	case c.MinReplicas < 0:
+		return fmt.Errorf("min replicas %d: must not be negative", c.MinReplicas)
+	case c.MinReplicas > 0 && (c.ReplicaTimeout < time.Millisecond || c.ReplicaTimeout >= c.PublishTimeout):
+		return fmt.Errorf("replica timeout %s: must be at least 1ms and shorter than the publish timeout %s", c.ReplicaTimeout, c.PublishTimeout)
 	case c.StreamMaxLen < 0 || c.TrimInterval < 0:
 		return fmt.Errorf("stream max length and trim interval must not be negative")
 	case !channelPattern.MatchString(c.Channel):

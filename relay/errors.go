@@ -13,6 +13,10 @@ import (
 // errBrokerDown marks publish errors that the whole pipeline shared.
 var errBrokerDown = errors.New("broker unavailable")
 
+// errNotReplicated: Redis took the entries, but fewer replicas than
+// Config.MinReplicas confirmed them in time.
+var errNotReplicated = errors.New("not confirmed by enough replicas")
+
 // pipelineDown reports whether every command of a pipeline failed with the
 // same error although they went to different streams: whatever it says, that
 // is the broker refusing writes, not a problem of each event. (The same error

@@ -122,6 +122,9 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay config: %w", err)
 	}
 	cfg = cfg.withDefaults()
+	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.MinReplicas > 0 {
+		return nil, fmt.Errorf("relay config: min replicas is not available with a cluster client yet")
+	}
 	listenCfg := cfg.ListenConfig
 	if listenCfg == nil {
 		listenCfg = pool.Config().ConnConfig.Copy()
@@ -900,6 +903,7 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(msgs))
 	spans := make([]trace.Span, len(msgs))
+	var wait *redis.Cmd
 	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, m := range msgs {
 			// Continue the writer's trace; the entry carries this span on.
@@ -928,12 +932,28 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 				},
 			})
 		}
+		if r.cfg.MinReplicas > 0 {
+			// On the pipeline's connection: WAIT counts the replicas that
+			// have every write this connection made.
+			wait = p.Do(ctx, "wait", r.cfg.MinReplicas, r.cfg.ReplicaTimeout.Milliseconds())
+		}
 		return nil
 	})
+	var unconfirmed error
+	if wait != nil {
+		if n, err := wait.Int64(); err != nil {
+			unconfirmed = fmt.Errorf("%w: %w: %w", errBrokerDown, errNotReplicated, err)
+		} else if n < int64(r.cfg.MinReplicas) {
+			unconfirmed = fmt.Errorf("%w: %w: %d of %d replicas within %s", errBrokerDown, errNotReplicated, n, r.cfg.MinReplicas, r.cfg.ReplicaTimeout)
+		}
+	}
 	ids := make([]string, len(msgs))
 	errs := make([]error, len(msgs))
 	for i, c := range cmds {
 		ids[i], errs[i] = c.Result()
+		if errs[i] == nil && unconfirmed != nil {
+			errs[i] = unconfirmed
+		}
 		if errs[i] != nil {
 			spans[i].RecordError(errs[i])
 			spans[i].SetStatus(codes.Error, errs[i].Error())

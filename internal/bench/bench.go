@@ -85,6 +85,8 @@ type Env struct {
 	AdminURL string // a PostgreSQL URL allowed to create databases
 	Redis    *redis.Client
 	Log      *slog.Logger
+	// MinReplicas is the relay's and the consumer's (latency scenario).
+	MinReplicas int
 }
 
 // space is one scenario's database and key prefix.

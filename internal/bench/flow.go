@@ -45,12 +45,12 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log})
+	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas})
 	if err != nil {
 		return nil, err
 	}
 	f.consumer, err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
-		Block: 200 * time.Millisecond, Logger: e.Log,
+		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas,
 		OnProcessed: func(ev fraud.Event, outcome string) {
 			now := time.Now()
 			f.mu.Lock()

@@ -40,6 +40,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		rate, dup                    *float64
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
+		minReplicas                  *int
 		writerCounts                 []int
 		modes                        []string
 		maxWriters, maxConsumers     = 256, 64
@@ -56,6 +57,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		n = fs.Int("n", 2_000, "TEDs to settle")
 		rate = fs.Float64("rate", 200, "TEDs per second (open-loop schedule)")
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
+		minReplicas = fs.Int("min-replicas", 0, "relay and consumer wait for this many Redis replicas (--min-replicas); the Redis needs them")
 	case "drain":
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
@@ -97,6 +99,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--off-poll must not be negative")
 	case poll != nil && *poll < time.Millisecond:
 		return usagef("--poll must be at least 1ms")
+	case minReplicas != nil && *minReplicas < 0:
+		return usagef("--min-replicas must not be negative")
 	}
 	if mode != nil && *mode != "" && *mode != "off" && *mode != "always" && *mode != "idle" {
 		return usagef("--mode %q: want off, always or idle", *mode)
@@ -141,6 +145,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	defer rdb.Close()
 	env := bench.Env{AdminURL: c.databaseURL, Redis: rdb, Log: log}
+	if minReplicas != nil {
+		env.MinReplicas = *minReplicas
+	}
 
 	one := func(r bench.Result, err error) ([]bench.Result, error) { return []bench.Result{r}, err }
 	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {

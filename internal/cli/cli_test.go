@@ -35,6 +35,11 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 		{"relay", "--poll", "soon"},
 		{"relay", "--stream-prefix", "a b"},
 		{"fraud", "--max-deliveries", "0"},
+		{"relay", "--min-replicas", "-1"},
+		{"relay", "--min-replicas", "two"},
+		{"relay", "--min-replicas", "1", "--replica-timeout", "10s"},
+		{"fraud", "--min-replicas", "x"},
+		{"fraud", "--retention", "5m"},
 		{"settle"},
 		{"settle", "--count", "10", "--accounts", "1"},
 		{"settle", "--count", "10", "--rate", "-1"},
@@ -44,6 +49,17 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 		code, stdout, stderr := run(t, nil, args...)
 		if code != exitUsage || stdout != "" || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || stderr == "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 and one line on stderr", args, code, stdout, stderr)
+		}
+	}
+}
+
+// OUTBOX_MIN_REPLICAS is --min-replicas' default; a bad value is a usage
+// error naming it.
+func TestMinReplicasFromTheEnvironment(t *testing.T) {
+	for _, cmd := range []string{"relay", "fraud"} {
+		code, _, stderr := run(t, map[string]string{"OUTBOX_MIN_REPLICAS": "many"}, cmd)
+		if code != exitUsage || !strings.Contains(stderr, "OUTBOX_MIN_REPLICAS") {
+			t.Errorf("%s with OUTBOX_MIN_REPLICAS=many: exit %d, stderr %q", cmd, code, stderr)
 		}
 	}
 }

@@ -1,15 +1,15 @@
 package cli
 
 import (
-	"io"
-	"time"
-
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -84,6 +84,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
 	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
 	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
+	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")
+	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
 	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
 		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
@@ -101,6 +103,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	}
 	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
 		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout and --busy-pace not negative")
+	}
+	if cfg.MinReplicas, err = minReplicas(); err != nil {
+		return err
 	}
 	cfg.BusyPace = *busyPace
 	if cfg.BusyPace == 0 {
@@ -190,12 +195,17 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&cfg.WindowLimitCents, "window-limit", fraud.DefaultWindowLimitCents, "review when a sender's total over the window passes this (cents)")
 	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
 	fs.DurationVar(&cfg.Retention, "retention", fraud.DefaultRetention, "how long verdicts, daily sender totals and review alerts are kept (after the end of the settlement day); bounds Redis memory")
+	minReplicas := minReplicasFlag(e, fs, "acknowledge an entry only once this many Redis replicas have its effect (WAIT); unconfirmed entries stay pending and are retried")
+	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", time.Second, "longest wait for --min-replicas per batch")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
+		return err
+	}
+	if cfg.MinReplicas, err = minReplicas(); err != nil {
 		return err
 	}
 	if cfg.BatchSize <= 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
@@ -405,4 +415,20 @@ func readStreamStatus(ctx context.Context, rdb *redis.Client, st *Status) error 
 
 func isNoSuchKey(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
+}
+
+// minReplicasFlag defines --min-replicas, defaulting to OUTBOX_MIN_REPLICAS;
+// the returned function reads it after parsing.
+func minReplicasFlag(e *env, fs *flag.FlagSet, usage string) func() (int, error) {
+	v := fs.String("min-replicas", e.getenv("OUTBOX_MIN_REPLICAS"), usage+" (env OUTBOX_MIN_REPLICAS; default 0: do not wait)")
+	return func() (int, error) {
+		if *v == "" {
+			return 0, nil
+		}
+		n, err := strconv.Atoi(*v)
+		if err != nil || n < 0 {
+			return 0, usagef("--min-replicas %q (or OUTBOX_MIN_REPLICAS): want a whole number of replicas, 0 or more", *v)
+		}
+		return n, nil
+	}
 }

@@ -1,0 +1,189 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/testenv"
+	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// With MinReplicas, the relay marks published only what enough replicas
+// confirmed: a primary that dies before its replica has the entries cannot
+// lose an event PostgreSQL calls published. Unconfirmed entries are released
+// without spending an attempt, and published once the replicas are there.
+func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
+	f := newFixture(t)
+	primary := ownRedis(t, "--repl-diskless-sync-delay", "0") // replicas sync at once
+	host, port := hostPortOf(t, primary.URL)
+	replica := func() {
+		ownRedis(t, "--replicaof", host, port)
+	}
+	replica()
+	o, err := redis.ParseURL(primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	replicas := func(want int) {
+		t.Helper()
+		outboxtest.Eventually(t, 20*time.Second, func() bool {
+			info, err := rdb.Info(f.ctx, "replication").Result()
+			return err == nil && strings.Count(info, "state=online") == want
+		}, "replica not connected")
+	}
+	replicas(1)
+
+	cfg := f.relayConfig("r1")
+	cfg.MinReplicas, cfg.ReplicaTimeout = 2, 100*time.Millisecond
+	r := f.newRelay(cfg, rdb)
+	teds := f.settle(3)
+	res, err := r.DrainBatch(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Published != 0 || res.Released != 3 || !res.BrokerDown {
+		t.Fatalf("one replica of two: %+v, want the 3 entries released, none published", res)
+	}
+	var attempts, pending int
+	if err := f.pool.QueryRow(f.ctx, "SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE status = 'pending') FROM outbox_messages").Scan(&attempts, &pending); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 0 || pending != 3 {
+		t.Fatalf("after an unconfirmed publish: %d attempts spent, %d pending; want 0 and 3", attempts, pending)
+	}
+
+	replica() // the second replica arrives
+	replicas(2)
+	published := 0
+	outboxtest.Eventually(t, 20*time.Second, func() bool {
+		res, err := r.DrainBatch(f.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		published += res.Published
+		return published == 3
+	}, "not published once both replicas were there")
+	for _, ted := range teds {
+		var status string
+		if err := f.pool.QueryRow(f.ctx, "SELECT status FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&status); err != nil || status != "published" {
+			t.Fatalf("event of %s: %q (%v)", ted.ID, status, err)
+		}
+	}
+	if n, err := rdb.XLen(f.ctx, f.stream()).Result(); err != nil || n < 6 {
+		t.Fatalf("stream holds %d entries (%v): want the 3 unconfirmed ones and the 3 confirmed", n, err)
+	}
+
+	cfg.MinReplicas = -1
+	if _, err := relay.New(f.pool, rdb, cfg); err == nil {
+		t.Fatal("negative MinReplicas accepted")
+	}
+}
+
+// ownRedis starts a Redis server of the test's own from the local binary.
+func ownRedis(t *testing.T, args ...string) *testenv.Server {
+	t.Helper()
+	s, err := testenv.LocalRedis(context.Background(), testenv.Options{ExtraArgs: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func hostPortOf(t *testing.T, raw string) (host, port string) {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Hostname(), u.Port()
+}
+
+// With MinReplicas, anti-fraud acknowledges an entry only once enough
+// replicas have its effect; until then the entry stays pending, and its
+// redelivery is recognised as a duplicate once they do.
+func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
+	ctx := context.Background()
+	primary := ownRedis(t, "--repl-diskless-sync-delay", "0") // replicas sync at once
+	host, port := hostPortOf(t, primary.URL)
+	ownRedis(t, "--replicaof", host, port)
+	o, err := redis.ParseURL(primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	connected := func(want int) {
+		t.Helper()
+		outboxtest.Eventually(t, 20*time.Second, func() bool {
+			info, err := rdb.Info(ctx, "replication").Result()
+			return err == nil && strings.Count(info, "state=online") == want
+		}, "replica not connected")
+	}
+	connected(1)
+	c, err := fraud.New(rdb, fraud.Config{Consumer: "c1", MinReplicas: 2, ReplicaTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ted := publishTED(t, rdb, fraud.DefaultStream)
+	if _, err := c.ReadNew(ctx); err == nil {
+		t.Fatal("effects confirmed by one replica of two: no error")
+	}
+	pending := func() int64 {
+		p, err := rdb.XPending(ctx, fraud.DefaultStream, fraud.DefaultGroup).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Count
+	}
+	if n := pending(); n != 1 {
+		t.Fatalf("%d entries pending, want the unconfirmed one", n)
+	}
+
+	ownRedis(t, "--replicaof", host, port)
+	connected(2)
+	outboxtest.Eventually(t, 20*time.Second, func() bool {
+		_ = c.ProcessPending(ctx) // fails while the new replica catches up
+		return pending() == 0
+	}, "entry still pending once both replicas were there")
+	rep, err := fraud.ReadReport(ctx, rdb, fraud.DefaultKeyPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := fraud.Verdict(ctx, rdb, fraud.DefaultKeyPrefix, ted); rep.Verdicts != 1 || rep.DuplicatesSkipped < 1 || v != "approve" {
+		t.Fatalf("report %+v, verdict %q: want the effect applied once and its redelivery skipped", rep, v)
+	}
+}
+
+// publishTED adds one transfer.settled entry to stream, as the relay writes
+// it, and returns its transfer id.
+func publishTED(t *testing.T, rdb *redis.Client, stream string) string {
+	t.Helper()
+	id, tid := uuid.New(), uuid.New()
+	now := time.Now().UTC()
+	p, _ := json.Marshal(transfer.SettledEvent{SchemaVersion: transfer.SchemaVersion, EventID: id, TransferID: tid,
+		FromAccount: "ana", ToAccount: "bia", AmountCents: 100, Currency: "BRL", SettledAt: now})
+	err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{
+		"event_id", id.String(), "event_type", transfer.EventSettled, "aggregate_type", "transfer",
+		"aggregate_id", tid.String(), "payload", string(p), "headers", "{}", "occurred_at", now.Format(time.RFC3339Nano),
+	}}).Err()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tid.String()
+}
