@@ -358,7 +358,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 			}
 		}
 		for _, it := range valid {
-			outcome, err := it.cmd.Int()
+			outcome, revised, err := effectResult(it.cmd)
 			if err == nil && unconfirmed != nil {
 				err = unconfirmed
 			}
@@ -387,6 +387,10 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 			c.cfg.Metrics.outcome(outcomeNames[outcome])
 			if c.cfg.OnProcessed != nil {
 				c.cfg.OnProcessed(it.ev, outcomeNames[outcome])
+			}
+			if revised > 0 {
+				log.Info("earlier transfer arrived late: later transfers of its sender sent to review",
+					slog.Int64("revised", revised), slog.String("from_account", it.ev.FromAccount))
 			}
 			switch outcome {
 			case outcomeDuplicate:
@@ -513,7 +517,21 @@ func (c *Consumer) effectArgs(ev Event) []any {
 		ms(oldest - 1),
 		ms((c.cfg.DedupeTTL + 2*c.cfg.Window).Milliseconds()),
 		ms(now.Add(-c.cfg.Retention).UnixMilli()),
+		c.keys.Verdict(""),
 	}
+}
+
+// effectResult reads effect.lua's reply: the outcome, and how many later
+// transfers of the sender it sent to review.
+func effectResult(cmd *redis.Cmd) (outcome int, revised int64, err error) {
+	vals, err := cmd.Int64Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(vals) != 2 {
+		return 0, 0, fmt.Errorf("effect script replied %v, want {outcome, revised}", vals)
+	}
+	return int(vals[0]), vals[1], nil
 }
 
 // retryDelay backs off to 5s: a consumer failing on every entry must not spin.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -169,4 +171,80 @@ func TestConsumerNameInUseIsRefused(t *testing.T) {
 func startedReading(rdb outboxtest.Redis, stream string) bool {
 	cs, err := rdb.XInfoConsumers(context.Background(), stream, DefaultGroup).Result()
 	return err == nil && len(cs) == 1 && cs[0].Idle < 500*time.Millisecond
+}
+
+// The verdicts do not depend on the order in which a sender's transfers
+// arrive: three R$ 400 TEDs of one sender in an hour, with a R$ 1.000 window
+// limit, give approve, approve, review in settled order, and the same when
+// they arrive reversed or in any other order (the case: reversed,
+// they used to give approve three times). A late arrival sends the later
+// transfer it pushes over the limit to review, with one alert.
+func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	base := time.Now().UTC().Add(-time.Hour)
+	type ted struct {
+		from  string
+		cents int64
+		at    time.Time
+	}
+	teds := []ted{ // settled order
+		{"ana", 40_000, base},
+		{"ana", 40_000, base.Add(20 * time.Minute)},
+		{"ana", 40_000, base.Add(40 * time.Minute)},             // 120k in the hour: review
+		{"ana", 10_000, base.Add(90 * time.Minute)},             // 50k in its hour
+		{"bia", 90_000, base.Add(10 * time.Minute)},             // alone
+		{"bia", 20_000, base.Add(30 * time.Minute)},             // 110k: review
+		{"ana", 30_000, base.Add(95 * time.Minute)},             // 80k in its hour
+		{"ana", 25_000, base.Add(99*time.Minute + time.Second)}, // 105k: review
+	}
+	want := []string{"approve", "approve", "review", "approve", "approve", "review", "approve", "review"}
+	orders := [][]int{{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 8 {
+		orders = append(orders, rng.Perm(len(teds)))
+	}
+	for n, order := range orders {
+		prefix := fmt.Sprintf("%sorder%d:", rdb.Prefix, n)
+		stream := prefix + "outbox.event.transfer"
+		c, err := New(rdb.Client, Config{
+			Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1",
+			AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EnsureGroup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]uuid.UUID, len(teds))
+		for _, i := range order {
+			ids[i] = publish(t, rdb, stream, teds[i].from, teds[i].cents, teds[i].at)
+			if _, err := c.ReadNew(ctx); err != nil { // one at a time, in this order
+				t.Fatal(err)
+			}
+		}
+		var got []string
+		for i := range teds {
+			v, err := Verdict(ctx, rdb.Client, prefix+"fraud:", ids[i].String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, v)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("arrival order %v: verdicts %v, want %v (settled order's)", order, got, want)
+		}
+		alerts, err := rdb.XRange(ctx, prefix+"fraud:alerts", "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := ReadReport(ctx, rdb.Client, prefix+"fraud:")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(alerts) != 3 || rep.Reviews != 3 || rep.Verdicts != int64(len(teds)) {
+			t.Errorf("arrival order %v: %d alerts, %d reviews counted, %d effects; want 3, 3, %d", order, len(alerts), rep.Reviews, rep.Verdicts, len(teds))
+		}
+	}
 }

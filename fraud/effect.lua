@@ -23,10 +23,22 @@
 -- ARGV[13] day (YYYY-MM-DD)     ARGV[14] day number (days since the epoch)
 -- ARGV[15] oldest day number the index keeps
 -- ARGV[16] window key TTL (ms)  ARGV[17] alerts kept from this id on (ms)
--- Returns 0 for a duplicate, 1 for approve, 2 for review.
+-- ARGV[18] verdict key prefix (the verdicts of later transfers this one may
+--          send to review are at ARGV[18] .. transfer_id)
+-- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
+-- 2 for review; revised, how many later transfers it sent to review.
+--
+-- Arrival order does not change the verdicts. A transfer is judged over the
+-- sender's transfers settled in the window before it that have arrived. One
+-- that arrives late (after transfers settled up to a window after it) is
+-- counted into theirs now: each of them whose window total passes the limit
+-- with it is sent to review (verdict, counter and an alert with revised=1).
+-- Totals only grow as transfers arrive, so a verdict only ever moves from
+-- approve to review, and once every transfer has arrived each verdict is the
+-- one settled order gives.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
-  return 0
+  return {0, 0}
 end
 
 -- Keys written after the first non-idempotent write must not fail mid-script
@@ -44,17 +56,26 @@ local window = tonumber(ARGV[7])
 local expireAt = tonumber(ARGV[12])
 
 -- The sender's total over (at - window, at], this transfer included.
-local total = amount
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), at)) do
-  total = total + tonumber(string.match(member, '^(%d+):'))
+local function windowTotal(upTo)
+  local sum = 0
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (upTo - window), upTo)) do
+    sum = sum + tonumber(string.match(member, '^(%d+):'))
+  end
+  return sum
 end
+local total = amount + windowTotal(at)
+local limit = tonumber(ARGV[9])
 
 local verdict, reason = 'approve', ''
 if amount > tonumber(ARGV[8]) then
   verdict, reason = 'review', 'amount'
-elseif total > tonumber(ARGV[9]) then
+elseif total > limit then
   verdict, reason = 'review', 'velocity'
 end
+
+-- Transfers settled in [at, at + window) that arrived before this one:
+-- their windows include it. Read before this transfer joins the window.
+local later = redis.call('ZRANGEBYSCORE', KEYS[6], at, '(' .. (at + window), 'WITHSCORES')
 
 -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
 if expireAt > 0 then
@@ -64,7 +85,7 @@ if expireAt > 0 then
   redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
 end
-redis.call('ZADD', KEYS[6], at, ARGV[5] .. ':' .. ARGV[2])
+redis.call('ZADD', KEYS[6], at, ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3])
 -- Forget transfers older than the newest one seen minus two windows: events
 -- of one sender can arrive up to a window late and still be judged right.
 local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
@@ -84,8 +105,26 @@ if verdict == 'review' then
     'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
     'window_total_cents', string.format('%d', total), 'reason', reason)
 end
+-- Later transfers that this one pushes over the limit go to review.
+local revised = 0
+for i = 1, #later, 2 do
+  local lamount, levent, ltransfer = string.match(later[i], '^(%d+):([^:]+):(.+)$')
+  local vkey = ltransfer and (ARGV[18] .. ltransfer)
+  if vkey and redis.call('GET', vkey) == 'approve' then
+    local ltotal = windowTotal(tonumber(later[i + 1]))
+    if ltotal > limit then
+      redis.call('SET', vkey, 'review', 'KEEPTTL')
+      redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+      redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
+        'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
+        'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
+        'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
+      revised = revised + 1
+    end
+  end
+end
 redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
 if verdict == 'review' then
-  return 2
+  return {2, revised}
 end
-return 1
+return {1, revised}

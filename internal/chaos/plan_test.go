@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tedbank/outbox/fraud"
 )
 
 // Every run, short or not, injects every kind of fault and every fail point,
@@ -74,5 +76,27 @@ func TestSummaryLine(t *testing.T) {
 	}
 	if lines := res.ByKind(); len(lines) != len(Kinds) || !strings.HasPrefix(lines[0], "kill-relay") {
 		t.Errorf("ByKind = %v", lines)
+	}
+}
+
+// The offline velocity check counts exactly the verdicts that differ from
+// settled order's.
+func TestVerdictsDifferFromSettledOrder(t *testing.T) {
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	third := int64(fraud.DefaultWindowLimitCents/2 - 1) // three of them pass the limit, two do not
+	teds := map[string]ted{
+		"a": {"ana", third, base},
+		"b": {"ana", third, base.Add(10 * time.Minute)},
+		"c": {"ana", third, base.Add(20 * time.Minute)},
+		"d": {"ana", third, base.Add(90 * time.Minute)}, // the window of c and d holds two
+		"e": {"bia", int64(fraud.DefaultAmountLimitCents + 1), base},
+	}
+	right := map[string]string{"a": "approve", "b": "approve", "c": "review", "d": "approve", "e": "review"}
+	if n, ex := verdictsDiffer(teds, right); n != 0 {
+		t.Fatalf("%d differ (e.g. %s), want 0", n, ex)
+	}
+	wrong := map[string]string{"a": "approve", "b": "approve", "c": "approve", "d": "review", "e": "review"}
+	if n, _ := verdictsDiffer(teds, wrong); n != 2 {
+		t.Fatalf("%d differ, want 2 (c and d)", n)
 	}
 }

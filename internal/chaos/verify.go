@@ -91,12 +91,8 @@ func (r *run) waitDrain(ctx context.Context) {
 func (r *run) verify(ctx context.Context, res *Result) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	type ted struct {
-		from   string
-		amount int64
-	}
 	teds := map[string]ted{}
-	rows, err := r.mon.Query(ctx, "SELECT id::text, from_account, amount_cents FROM transfers")
+	rows, err := r.mon.Query(ctx, "SELECT id::text, from_account, amount_cents, settled_at FROM transfers")
 	if err != nil {
 		r.problem("read transfers: %v", err)
 		return
@@ -104,7 +100,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	for rows.Next() {
 		var id string
 		var t ted
-		if err := rows.Scan(&id, &t.from, &t.amount); err != nil {
+		if err := rows.Scan(&id, &t.from, &t.amount, &t.at); err != nil {
 			r.problem("read transfers: %v", err)
 			return
 		}
@@ -254,6 +250,9 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	if phantom > 0 {
 		r.problem("%d verdicts for transfers that are not in PostgreSQL", phantom)
 	}
+	if differ, example := verdictsDiffer(teds, verdicts); differ > 0 {
+		r.problem("%d verdicts differ from the velocity rule applied offline in settled order (e.g. transfer %s)", differ, example)
+	}
 	if int(rep.Verdicts) != len(verdicts) {
 		r.problem("anti-fraud counted %d effects for %d verdicted transfers", rep.Verdicts, len(verdicts))
 	}
@@ -353,4 +352,47 @@ func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
 		r.problem("%d verdict keys have no expiry", unbounded)
 	}
 	return out, nil
+}
+
+// ted is a transfer as PostgreSQL has it.
+type ted struct {
+	from   string
+	amount int64
+	at     time.Time
+}
+
+// verdictsDiffer applies anti-fraud's rule (the consumer's default limits,
+// which the suite runs with) to every sender's transfers in settled order
+// and counts the verdicts that differ from anti-fraud's: whatever order the
+// faults delivered the events in, the verdicts must be these.
+func verdictsDiffer(teds map[string]ted, verdicts map[string]string) (n int, example string) {
+	type item struct {
+		id     string
+		at     int64 // ms, as the consumer scores it
+		amount int64
+	}
+	bySender := map[string][]item{}
+	for id, t := range teds {
+		bySender[t.from] = append(bySender[t.from], item{id, t.at.UnixMilli(), t.amount})
+	}
+	window := fraud.DefaultWindow.Milliseconds()
+	for _, items := range bySender {
+		for _, it := range items {
+			total := int64(0)
+			for _, o := range items { // (at - window, at], ties included
+				if o.at > it.at-window && o.at <= it.at {
+					total += o.amount
+				}
+			}
+			want := "approve"
+			if it.amount > fraud.DefaultAmountLimitCents || total > fraud.DefaultWindowLimitCents {
+				want = "review"
+			}
+			if got, ok := verdicts[it.id]; ok && got != want {
+				n++
+				example = it.id
+			}
+		}
+	}
+	return n, example
 }

@@ -264,6 +264,7 @@ func (p *process) stop(sig syscall.Signal) {
 	pgid := p.cmd.Process.Pid // Setpgid: the group id is the leader's pid
 	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-p.done
+	waitGroupGone(pgid, 5*time.Second)
 }
 
 // exited reports whether the process has ended.

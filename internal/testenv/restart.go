@@ -92,6 +92,7 @@ func (s *Server) Kill() error {
 		pgid := l.proc.cmd.Process.Pid // Setpgid: the group id is the leader's pid
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-l.proc.done
+		waitGroupGone(pgid, 5*time.Second)
 		l.proc = nil
 	}
 	return nil
@@ -177,4 +178,16 @@ func (s *Server) LogPath() string {
 		return ""
 	}
 	return filepath.Join(l.srv.dir, l.srv.logFile)
+}
+
+// waitGroupGone waits (at most limit) until no process of the group is left:
+// the leader's exit does not mean its children are gone, and a PostgreSQL
+// backend that still holds the old shared memory makes the next postmaster
+// refuse to start ("pre-existing shared memory block is still in use").
+func waitGroupGone(pgid int, limit time.Duration) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if err := syscall.Kill(-pgid, 0); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+	}
 }
