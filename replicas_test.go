@@ -24,27 +24,7 @@ import (
 // without spending an attempt, and published once the replicas are there.
 func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	f := newFixture(t)
-	primary := ownRedis(t, "--repl-diskless-sync-delay", "0") // replicas sync at once
-	host, port := hostPortOf(t, primary.URL)
-	replica := func() {
-		ownRedis(t, "--replicaof", host, port)
-	}
-	replica()
-	o, err := redis.ParseURL(primary.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(o)
-	t.Cleanup(func() { _ = rdb.Close() })
-	replicas := func(want int) {
-		t.Helper()
-		outboxtest.Eventually(t, 20*time.Second, func() bool {
-			info, err := rdb.Info(f.ctx, "replication").Result()
-			return err == nil && strings.Count(info, "state=online") == want
-		}, "replica not connected")
-	}
-	replicas(1)
-
+	rdb, addReplica := replicatedRedis(t)
 	cfg := f.relayConfig("r1")
 	cfg.MinReplicas, cfg.ReplicaTimeout = 2, 100*time.Millisecond
 	r := f.newRelay(cfg, rdb)
@@ -64,8 +44,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 		t.Fatalf("after an unconfirmed publish: %d attempts spent, %d pending; want 0 and 3", attempts, pending)
 	}
 
-	replica() // the second replica arrives
-	replicas(2)
+	addReplica() // the second replica arrives
 	published := 0
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
 		res, err := r.DrainBatch(f.ctx)
@@ -89,6 +68,33 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	if _, err := relay.New(f.pool, rdb, cfg); err == nil {
 		t.Fatal("negative MinReplicas accepted")
 	}
+}
+
+// replicatedRedis starts a Redis primary of the test's own with one replica,
+// and returns a client of the primary and a function that adds a replica;
+// each returns once every replica is in sync.
+func replicatedRedis(t *testing.T) (*redis.Client, func()) {
+	t.Helper()
+	primary := ownRedis(t, "--repl-diskless-sync-delay", "0") // replicas sync at once
+	host, port := hostPortOf(t, primary.URL)
+	o, err := redis.ParseURL(primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(o)
+	t.Cleanup(func() { _ = rdb.Close() })
+	replicas := 0
+	add := func() {
+		t.Helper()
+		ownRedis(t, "--replicaof", host, port)
+		replicas++
+		outboxtest.Eventually(t, 20*time.Second, func() bool {
+			info, err := rdb.Info(context.Background(), "replication").Result()
+			return err == nil && strings.Count(info, "state=online") == replicas
+		}, "replica not in sync")
+	}
+	add()
+	return rdb, add
 }
 
 // ownRedis starts a Redis server of the test's own from the local binary.
@@ -116,23 +122,7 @@ func hostPortOf(t *testing.T, raw string) (host, port string) {
 // redelivery is recognised as a duplicate once they do.
 func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 	ctx := context.Background()
-	primary := ownRedis(t, "--repl-diskless-sync-delay", "0") // replicas sync at once
-	host, port := hostPortOf(t, primary.URL)
-	ownRedis(t, "--replicaof", host, port)
-	o, err := redis.ParseURL(primary.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(o)
-	t.Cleanup(func() { _ = rdb.Close() })
-	connected := func(want int) {
-		t.Helper()
-		outboxtest.Eventually(t, 20*time.Second, func() bool {
-			info, err := rdb.Info(ctx, "replication").Result()
-			return err == nil && strings.Count(info, "state=online") == want
-		}, "replica not connected")
-	}
-	connected(1)
+	rdb, addReplica := replicatedRedis(t)
 	c, err := fraud.New(rdb, fraud.Config{Consumer: "c1", MinReplicas: 2, ReplicaTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -155,8 +145,7 @@ func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 		t.Fatalf("%d entries pending, want the unconfirmed one", n)
 	}
 
-	ownRedis(t, "--replicaof", host, port)
-	connected(2)
+	addReplica()
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
 		_ = c.ProcessPending(ctx) // fails while the new replica catches up
 		return pending() == 0
