@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -50,9 +51,7 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 	}
 	type dayAccount struct{ day, acct string }
 	var all []dayAccount
-	for len(days) > 0 {
-		batch := days[:min(reportChunk, len(days))]
-		days = days[len(batch):]
+	for batch := range slices.Chunk(days, reportChunk) {
 		cmds := make([]*redis.StringSliceCmd, len(batch))
 		if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, d := range batch {
@@ -68,9 +67,7 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 			}
 		}
 	}
-	for len(all) > 0 {
-		batch := all[:min(reportChunk, len(all))]
-		all = all[len(batch):]
+	for batch := range slices.Chunk(all, reportChunk) {
 		cmds := make([]*redis.MapStringStringCmd, len(batch))
 		if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, da := range batch {

@@ -396,16 +396,13 @@ func (r *run) rollingDeploy(ctx context.Context) {
 // just before a kill: a relay killed while the flag says "draining" leaves
 // writers silent until some relay says it sleeps again.
 func (r *run) idleFlag(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	var v int
-	if err := r.mon.QueryRow(ctx, "SELECT last_value FROM outbox_relay_idle").Scan(&v); err != nil {
-		return "; idle flag unknown"
-	}
-	if v == 0 {
+	switch r.idleFlagValue(ctx) {
+	case 0:
 		return "; idle flag 0 (a relay was draining: writers did not notify)"
+	case 1:
+		return "; idle flag 1 (writers notified)"
 	}
-	return "; idle flag 1 (writers notified)"
+	return "; idle flag unknown"
 }
 
 func (r *run) pgTerminate(ctx context.Context) (int, error) {

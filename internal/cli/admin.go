@@ -113,15 +113,7 @@ func runDead(ctx context.Context, e *env, args []string) error {
 }
 
 func deadPool(ctx context.Context, c *common) (*pgxpool.Pool, error) {
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-dead", MaxConns: 2})
-	if err != nil {
-		return nil, err
-	}
-	if err := requireSchema(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
+	return openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-dead", MaxConns: 2})
 }
 
 func runDeadList(ctx context.Context, e *env, args []string) error {
@@ -419,14 +411,11 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 	case *batch <= 0 || *batch > 100_000:
 		return usagef("--batch %d: must be between 1 and 100000", *batch)
 	}
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-cleanup", MaxConns: 2})
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-cleanup", MaxConns: 2})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	start := time.Now()
 	lastInfo := start
 	res, err := admin.Cleanup(ctx, pool, admin.CleanupOptions{

@@ -57,6 +57,20 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 }
 
 // requireSchema fails with a clear message when migrations have not run.
+// openOutbox connects to the outbox database and checks that it is
+// migrated; the caller closes the pool.
+func openOutbox(ctx context.Context, databaseURL string, opt connect.PostgresOptions) (*pgxpool.Pool, error) {
+	pool, err := connect.Postgres(ctx, databaseURL, opt)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 func requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	var ok bool
 	err := pool.QueryRow(ctx, "SELECT to_regclass('outbox_messages') IS NOT NULL AND to_regclass('transfers') IS NOT NULL").Scan(&ok)
@@ -122,14 +136,11 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return usageError{err.Error()}
 	}
 
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
 	if err != nil {
 		return err
 	}
 	defer connect.ClosePool(pool, 3*time.Second)
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
 	if err != nil {
 		return err
@@ -326,14 +337,11 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	// Each side is read on its own: an operator needs the PostgreSQL backlog
 	// most when Redis is down, and the stream's state when PostgreSQL is.
 	pgErr := func() error {
-		pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
+		pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		if err := requireSchema(ctx, pool); err != nil {
-			return err
-		}
 		return readOutboxStatus(ctx, pool, &st)
 	}()
 	redisErr := func() error {

@@ -39,14 +39,11 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Retention: *retention}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-reconcile"})
 	if err != nil {
 		return err

@@ -68,14 +68,11 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer stopTracing(context.WithoutCancel(ctx))
-	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-settle", MaxConns: int32(*concurrency)})
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-settle", MaxConns: int32(*concurrency)})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := requireSchema(ctx, pool); err != nil {
-		return err
-	}
 
 	jobs := make(chan transfer.Transfer)
 	go func() {
