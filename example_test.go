@@ -161,7 +161,7 @@ func Example_consumer() {
 	// The stream may also hold what Example_relay published: look at this
 	// sender only.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		rep, err := fraud.ReadReport(ctx, rdb, "example.fraud:")
+		rep, err := fraud.ReadReport(ctx, rdb, fraud.Keys{Prefix: "example.fraud:"})
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -36,6 +36,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/partition"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -101,12 +102,16 @@ type Written struct {
 // the event ids in the order of msgs. The rows become visible (and the relay is
 // notified) only when tx commits.
 //
-// Events of one aggregate are published in seq order, which is the order
-// they were inserted. Two transactions writing events for the same aggregate
-// concurrently must serialize themselves (as any transaction that changes the
-// aggregate's own row does, by locking it before writing the event); otherwise
-// the later insert may commit first and be published first. Messages of one
-// call are inserted grouped by aggregate.
+// Events of one aggregate type and partition key are published in seq order,
+// which is the order they were inserted, and that is the order they were
+// committed: before inserting, Write takes a transaction-scoped lock on each
+// partition key's lock slot (one of LockSlots, by hash), so a second
+// transaction writing the same key waits at its Write until the first one
+// commits or rolls back. Keep transactions short after Write: the lock is held
+// to the end. A plain INSERT into outbox_messages takes no such lock; two of
+// them for one key must be serialized by the caller (e.g. by locking the
+// aggregate's row first), or the later one may commit, and be published,
+// first. Messages of one call are inserted grouped by aggregate.
 func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -163,12 +168,17 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		payloads[pos], headers[pos], parts[pos] = string(m.Payload), string(h), m.PartitionKey
 	}
 
-	rows, err := tx.Query(ctx, outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers, parts)
-	if err != nil {
-		return nil, fmt.Errorf("insert outbox messages: %w", err)
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Written])
-	if err != nil {
+	var (
+		b        pgx.Batch
+		inserted []Written
+	)
+	b.Queue(outboxsql.Query("outbox_lock_partitions"), lockSlots(aggTypes, aggIDs, parts))
+	b.Queue(outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers, parts).Query(func(rows pgx.Rows) error {
+		var err error
+		inserted, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Written])
+		return err
+	})
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, fmt.Errorf("insert outbox messages: %w", err)
 	}
 	if len(inserted) != n {
@@ -183,6 +193,21 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		out[i] = Written{ID: ids[pos], Seq: seqOf[ids[pos]]}
 	}
 	return out, nil
+}
+
+// LockSlots is how many lock slots the partition keys hash to (Write).
+const LockSlots = 256
+
+// lockSlots returns the distinct lock slots of the messages' partition keys
+// (the aggregate id when empty), ascending.
+func lockSlots(aggTypes, aggIDs, parts []string) []int32 {
+	slots := make([]int32, 0, min(len(parts), LockSlots))
+	for i := range parts {
+		key := cmp.Or(parts[i], aggIDs[i])
+		slots = append(slots, int32(partition.Of(aggTypes[i]+"/"+key, LockSlots)))
+	}
+	slices.Sort(slots)
+	return slices.Compact(slots)
 }
 
 // RegisterTypes tells conn which PostgreSQL types the uuid values the outbox

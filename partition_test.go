@@ -1,13 +1,24 @@
 package outbox_test
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox"
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/cli"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/transfer"
 )
 
 // Every outbox row has a partition key: the one given, or the aggregate id
@@ -55,5 +66,279 @@ func TestPartitionKeyDefaultsToTheAggregateID(t *testing.T) {
 		VALUES ('account', 'a-4', 'x', '{}', $1)`, strings.Repeat("k", 201))
 	if err == nil || !strings.Contains(err.Error(), "outbox_messages_partition_key_set") {
 		t.Errorf("INSERT of a 201-byte partition key: %v, want the CHECK to refuse it", err)
+	}
+}
+
+// partition.Of is a contract other languages implement: PostgreSQL's
+// spelling of it in the package doc gives the same partition for every key.
+func TestPartitionOfMatchesItsSQLSpelling(t *testing.T) {
+	f := newFixture(t)
+	keys := make([]string, 500)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("acct-%d", i*7919)
+	}
+	keys = append(keys, "", "conta-çã", strings.Repeat("x", 200))
+	for _, n := range []int{2, 16, 1000} {
+		rows, err := f.pool.Query(f.ctx, `SELECT (('x' || substr(md5(k), 1, 8))::bit(32)::bigint) % $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`, keys, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, k := range keys {
+			if want := partition.Of(k, n); got[i] != int64(want) {
+				t.Fatalf("key %q of %d partitions: SQL says %d, partition.Of %d", k, n, got[i], want)
+			}
+		}
+	}
+}
+
+// Events of one partition key reach their partition's stream in the order
+// they were written, with four relays, four partitions, random publish
+// failures and backoff in between, although each event is its own aggregate
+// (the claim's gate orders by partition key).
+func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
+	f := newFixture(t)
+	const keys, perKey, parts = 12, 20, 4
+	for i := range perKey {
+		err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+			msgs := make([]outbox.Message, keys)
+			for k := range msgs {
+				msgs[k] = outbox.Message{
+					AggregateType: "payment", AggregateID: fmt.Sprintf("pay-%02d-%02d", k, i),
+					PartitionKey: fmt.Sprintf("acct-%02d", k),
+					EventType:    "payment.made", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+				}
+			}
+			_, err := outbox.Write(f.ctx, tx, msgs...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	flaky := &flakyRedis{Client: f.rdb.Client, failRate: 0.3}
+	for i := range 4 {
+		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
+		cfg.Partitions = parts
+		cfg.BatchSize = 7
+		cfg.PollInterval = 5 * time.Millisecond
+		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
+		f.run(f.newRelay(cfg, flaky).Run)
+	}
+	outboxtest.Eventually(t, 60*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == keys*perKey
+	}, "not every event was published")
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
+		t.Fatal("no publish failed; the test did not exercise retries")
+	}
+
+	next, seen := map[string]int{}, 0
+	for p, stream := range partition.Streams(f.streamPrefix()+"payment", parts) {
+		msgs, err := f.rdb.XRange(f.ctx, stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			var body struct{ N int }
+			if err := json.Unmarshal([]byte(m.Values["payload"].(string)), &body); err != nil {
+				t.Fatal(err)
+			}
+			key := "acct-" + strings.Split(m.Values["aggregate_id"].(string), "-")[1]
+			if want := partition.Of(key, parts); p != want {
+				t.Fatalf("an event of %s is in partition %d, want %d", key, p, want)
+			}
+			if body.N != next[key] {
+				t.Fatalf("partition key %s: got event %d, want %d (out of order)", key, body.N, next[key])
+			}
+			next[key]++
+			seen++
+		}
+	}
+	if seen != keys*perKey {
+		t.Fatalf("the partition streams hold %d entries, want %d", seen, keys*perKey)
+	}
+}
+
+// A second transaction writing a partition key waits at Write until the
+// first one ends, so seq order is commit order per key: otherwise the later
+// insert could commit first and be published before the earlier one.
+func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
+	f := newFixture(t)
+	msg := func(agg string) outbox.Message {
+		return outbox.Message{AggregateType: "payment", AggregateID: agg, PartitionKey: "acct-lock", EventType: "payment.made", Payload: []byte(`{}`)}
+	}
+	first, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(f.ctx)
+	if _, err := outbox.Write(f.ctx, first, msg("pay-1")); err != nil {
+		t.Fatal(err)
+	}
+	var firstPID int
+	if err := first.QueryRow(f.ctx, "SELECT pg_backend_pid()").Scan(&firstPID); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+			_, err := outbox.Write(f.ctx, tx, msg("pay-2"))
+			return err
+		})
+	}()
+	// The second writer must end up waiting for the first one's lock.
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the second writer of the key finished (%v) while the first was still open", err)
+		default:
+		}
+		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, firstPID) == 1
+	}, "the second writer never waited for the first")
+	if err := first.Commit(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := f.count(`SELECT count(*) FROM outbox_messages a JOIN outbox_messages b ON a.seq < b.seq
+		WHERE a.aggregate_id = 'pay-1' AND b.aggregate_id = 'pay-2'`); n != 1 {
+		t.Fatal("the first writer's event does not come first in seq order")
+	}
+
+	// Writers of other keys do not wait for each other (unless their keys
+	// share a lock slot): pick a key in another slot.
+	other := ""
+	for i := 0; other == ""; i++ {
+		k := fmt.Sprintf("acct-%d", i)
+		if partition.Of("payment/"+k, outbox.LockSlots) != partition.Of("payment/acct-lock", outbox.LockSlots) {
+			other = k
+		}
+	}
+	hold, err := f.pool.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(f.ctx)
+	if _, err := outbox.Write(f.ctx, hold, msg("pay-3")); err != nil {
+		t.Fatal(err)
+	}
+	m := msg("pay-4")
+	m.PartitionKey = other
+	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	defer cancel()
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := outbox.Write(ctx, tx, m)
+		return err
+	}); err != nil {
+		t.Fatalf("a writer of another key's slot: %v", err)
+	}
+}
+
+// A partitioned deployment through the commands, the way an operator runs
+// it: OUTBOX_PARTITIONS=4 for a relay, two anti-fraud consumers and the
+// admin commands. The consumers divide the partitions two and two, every TED
+// is judged once, each sender's TEDs are published in commit order, and
+// status and fraud report sum the partitions.
+func TestPartitionedDeploymentWithCommands(t *testing.T) {
+	f := newFixture(t)
+	f.partitions = 4
+	cmd := func(args ...string) *exec.Cmd {
+		c := f.outboxCmd("", args...)
+		c.Env = append(c.Env, "OUTBOX_PARTITIONS=4")
+		return c
+	}
+	var logs syncBuffer
+	for _, c := range []*exec.Cmd{
+		cmd("relay", "--stream-prefix", f.streamPrefix(), "--poll", "1m"),
+		cmd("fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1", "--block", "200ms", "--partition-lease", "2s"),
+		cmd("fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c2", "--block", "200ms", "--partition-lease", "2s"),
+	} {
+		c.Stdout, c.Stderr = &logs, &logs
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Signal(syscall.SIGTERM); _ = c.Wait() })
+	}
+	status := func() (st cli.Status) {
+		t.Helper()
+		out, err := cmd("status", "--json", "--stream", f.stream(), "--key-prefix", f.keyPrefix()).Output()
+		if err != nil {
+			t.Fatalf("status: %v", err)
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			t.Fatalf("status output %s: %v", out, err)
+		}
+		return st
+	}
+	outboxtest.Eventually(t, 20*time.Second, func() bool {
+		owners := map[string]int{}
+		for _, p := range status().ByPartition {
+			owners[p.Owner]++
+		}
+		return owners["c1"] == 2 && owners["c2"] == 2
+	}, "the two consumers never held two partitions each\n%s", &logs)
+
+	out, err := cmd("settle", "--count", "300", "--concurrency", "8", "--accounts", "12", "--json").CombinedOutput()
+	if err != nil {
+		t.Fatalf("settle: %v\n%s", err, out)
+	}
+	outboxtest.Eventually(t, 30*time.Second, func() bool { return f.report().Verdicts == 300 }, "not every TED judged\n%s", &logs)
+	// In commit order: seq order per sender (settled_at is the time each
+	// transaction began, and a sender's later writer may begin first).
+	rows, err := f.pool.Query(f.ctx, `SELECT t.id, t.from_account, t.to_account, t.amount_cents
+		FROM transfers t JOIN outbox_messages o ON o.aggregate_id = t.id::text ORDER BY o.seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	teds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (transfer.Transfer, error) {
+		var t transfer.Transfer
+		return t, r.Scan(&t.ID, &t.FromAccount, &t.ToAccount, &t.AmountCents)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.checkEffectsOnce(teds)
+
+	// Each sender's TEDs sit in its partition's stream in settled order.
+	pos := map[string]int{}
+	for _, stream := range partition.Streams(f.stream(), 4) {
+		for i, id := range f.entries(stream) {
+			pos[id] = i
+		}
+	}
+	last := map[string]int{}
+	seq := map[string]int{}
+	for _, ted := range teds {
+		var id string
+		if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		p, ok := pos[id]
+		if !ok {
+			t.Fatalf("event %s of %s is in no partition stream", id, ted.FromAccount)
+		}
+		if seq[ted.FromAccount] > 0 && p <= last[ted.FromAccount] {
+			t.Fatalf("sender %s: a TED committed later sits earlier in the stream", ted.FromAccount)
+		}
+		last[ted.FromAccount], seq[ted.FromAccount] = p, seq[ted.FromAccount]+1
+	}
+
+	st := status()
+	if st.Published != 300 || st.StreamLength != 300 || st.GroupPending != 0 || st.GroupLag != 0 || st.Partitions != 4 || len(st.ByPartition) != 4 {
+		t.Fatalf("status: %+v", st)
+	}
+	out, err = cmd("fraud", "report", "--json", "--key-prefix", f.keyPrefix()).Output()
+	if err != nil {
+		t.Fatalf("fraud report: %v", err)
+	}
+	var rep fraud.Report
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Verdicts != 300 || len(rep.Accounts) != 12 {
+		t.Fatalf("fraud report over the partitions: %s (err %v)", out, err)
 	}
 }

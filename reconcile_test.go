@@ -42,8 +42,8 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK || rep.Transfers != 30 || rep.Events != 30 || rep.Senders != 7 {
-		t.Fatalf("clean run: %+v, want OK with 30 transfers, 30 events, 7 senders", rep)
+	if !rep.OK || rep.Transfers != 30 || rep.Events != 30 || rep.Senders != 30 {
+		t.Fatalf("clean run: %+v, want OK with 30 transfers, 30 events, 30 senders", rep)
 	}
 
 	// Anti-fraud stops; two more TEDs are published; one entry is deleted
@@ -78,11 +78,11 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	f.exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-lone', 'acct-00', 500)", lone)
 	// A sender's total changed behind anti-fraud's back.
 	var settledAt time.Time
-	if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-03' LIMIT 1").Scan(&settledAt); err != nil {
+	if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-003' LIMIT 1").Scan(&settledAt); err != nil {
 		t.Fatal(err)
 	}
 	day, _ := fraud.Day(settledAt)
-	if err := f.rdb.HIncrBy(f.ctx, fraud.Keys{Prefix: f.keyPrefix()}.DayAccount(day, "acct-03"), "sent_cents", 1).Err(); err != nil {
+	if err := f.rdb.HIncrBy(f.ctx, fraud.Keys{Prefix: f.keyPrefix()}.DayAccount(day, "acct-003"), "sent_cents", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -101,8 +101,8 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	check("not_in_stream", rep.NotInStream, deletedEvent)
 	check("no_verdict", rep.NoVerdict, behindEvent)
 	check("orphan_event", rep.Orphan)
-	if rep.TotalsDiffer != 1 || rep.SenderDiffs[0].Account != "acct-03" || rep.SenderDiffs[0].FraudCents != rep.SenderDiffs[0].WantCents+1 {
-		t.Errorf("totals: %d differ %+v, want acct-03 one cent over", rep.TotalsDiffer, rep.SenderDiffs)
+	if rep.TotalsDiffer != 1 || rep.SenderDiffs[0].Account != "acct-003" || rep.SenderDiffs[0].FraudCents != rep.SenderDiffs[0].WantCents+1 {
+		t.Errorf("totals: %d differ %+v, want acct-003 one cent over", rep.TotalsDiffer, rep.SenderDiffs)
 	}
 	if rep.OK {
 		t.Error("report OK with differences planted")

@@ -46,6 +46,9 @@ type fixture struct {
 	dbURL string
 	pool  *pgxpool.Pool
 	rdb   outboxtest.Redis
+	// partitions is how many partitions the anti-fraud state is read from
+	// (report, checkEffectsOnce); 0 means one.
+	partitions int
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -70,6 +73,9 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) streamPrefix() string { return f.rdb.Prefix + "outbox.event." }
 func (f *fixture) stream() string       { return f.streamPrefix() + "transfer" }
 func (f *fixture) keyPrefix() string    { return f.rdb.Prefix + "fraud:" }
+func (f *fixture) keys() fraud.Keys {
+	return fraud.Keys{Prefix: f.keyPrefix(), Partitions: f.partitions}
+}
 
 func (f *fixture) relayConfig(name string) relay.Config {
 	return relay.Config{Name: name, StreamPrefix: f.streamPrefix(), PollInterval: 10 * time.Minute}
@@ -135,13 +141,16 @@ func (f *fixture) consumer(name string, mutate func(*fraud.Config)) *fraud.Consu
 	return c
 }
 
+// settle settles n TEDs, each from a sender of its own: a sender's TEDs are
+// published one at a time (the claim's gate), and the tests count on one
+// batch taking them all.
 func (f *fixture) settle(n int) []transfer.Transfer {
 	f.t.Helper()
 	out := make([]transfer.Transfer, n)
 	for i := range out {
 		out[i] = transfer.Transfer{
 			ID:          uuid.New(),
-			FromAccount: fmt.Sprintf("acct-%02d", i%7),
+			FromAccount: fmt.Sprintf("acct-%03d", i),
 			ToAccount:   fmt.Sprintf("acct-%02d", 7+i%5),
 			AmountCents: int64(100 + i),
 		}
@@ -177,7 +186,7 @@ func (f *fixture) entries(stream string) []string {
 
 func (f *fixture) report() fraud.Report {
 	f.t.Helper()
-	rep, err := fraud.ReadReport(f.ctx, f.rdb.Client, f.keyPrefix())
+	rep, err := fraud.ReadReport(f.ctx, f.rdb.Client, f.keys())
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -205,7 +214,7 @@ func (f *fixture) checkEffectsOnce(teds []transfer.Transfer) {
 		}
 	}
 	for _, t := range teds {
-		v, err := fraud.Verdict(f.ctx, f.rdb.Client, f.keyPrefix(), t.ID.String())
+		v, err := fraud.Verdict(f.ctx, f.rdb.Client, f.keys(), t.ID.String())
 		if err != nil || v == "" {
 			f.t.Errorf("transfer %s has no verdict (err %v)", t.ID, err)
 		}
@@ -691,14 +700,19 @@ func TestFailingEventGoesDeadWithoutBlockingOthers(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'poison' AND status = 'dead'") == 1
 	}, "poison event never went dead")
-	// The death is an ERROR that names the event and says why.
+	// The death is an ERROR that names the event and says why (logged once
+	// the row's death is committed, so it may come a moment after).
 	var deaths []map[string]any
-	for _, line := range bytes.Split(logs.Bytes(), []byte("\n")) {
-		var rec map[string]any
-		if json.Unmarshal(line, &rec) == nil && rec["level"] == "ERROR" {
-			deaths = append(deaths, rec)
+	outboxtest.Eventually(t, 5*time.Second, func() bool {
+		deaths = nil
+		for _, line := range bytes.Split(logs.Bytes(), []byte("\n")) {
+			var rec map[string]any
+			if json.Unmarshal(line, &rec) == nil && rec["level"] == "ERROR" {
+				deaths = append(deaths, rec)
+			}
 		}
-	}
+		return len(deaths) > 0
+	}, "the death of the poison event was never logged at ERROR")
 	var poisonID string
 	if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_type = 'poison'").Scan(&poisonID); err != nil {
 		t.Fatal(err)
@@ -831,7 +845,10 @@ func TestDeadConsumersEntriesAreClaimed(t *testing.T) {
 	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
 		t.Fatal(err)
 	}
-	f.runUntilKilled(f.outboxCmd("fraud.after-read", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "dead"))
+	// It holds the stream's partition: another consumer takes it over once
+	// the lease expires.
+	f.runUntilKilled(f.outboxCmd("fraud.after-read", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "dead",
+		"--block", "100ms", "--partition-lease", "1s"))
 	if rep := f.report(); rep.Verdicts != 0 {
 		t.Fatalf("verdicts %d, want 0 (died before the effect)", rep.Verdicts)
 	}

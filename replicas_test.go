@@ -150,11 +150,11 @@ func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 		_ = c.ProcessPending(ctx) // fails while the new replica catches up
 		return pending() == 0
 	}, "entry still pending once both replicas were there")
-	rep, err := fraud.ReadReport(ctx, rdb, fraud.DefaultKeyPrefix)
+	rep, err := fraud.ReadReport(ctx, rdb, fraud.Keys{Prefix: fraud.DefaultKeyPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := fraud.Verdict(ctx, rdb, fraud.DefaultKeyPrefix, ted); rep.Verdicts != 1 || rep.DuplicatesSkipped < 1 || v != "approve" {
+	if v, _ := fraud.Verdict(ctx, rdb, fraud.Keys{Prefix: fraud.DefaultKeyPrefix}, ted); rep.Verdicts != 1 || rep.DuplicatesSkipped < 1 || v != "approve" {
 		t.Fatalf("report %+v, verdict %q: want the effect applied once and its redelivery skipped", rep, v)
 	}
 }

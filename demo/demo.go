@@ -243,7 +243,7 @@ func (d *demo) settle(ctx context.Context, t transfer.Transfer) (transfer.Result
 }
 
 func (d *demo) report(ctx context.Context) fraud.Report {
-	rep, err := fraud.ReadReport(ctx, d.Redis, d.KeyPrefix)
+	rep, err := fraud.ReadReport(ctx, d.Redis, fraud.Keys{Prefix: d.KeyPrefix})
 	if err != nil {
 		return fraud.Report{}
 	}

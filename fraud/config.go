@@ -6,6 +6,8 @@ import (
 	"os"
 	"regexp"
 	"time"
+
+	"github.com/tedbank/outbox/partition"
 )
 
 // Defaults for the zero fields of Config.
@@ -23,6 +25,7 @@ const (
 	DefaultAmountLimitCents = 5_000_000  // R$ 50.000,00 in one TED
 	DefaultWindowLimitCents = 10_000_000 // R$ 100.000,00 per sender per window
 	DefaultWindow           = time.Hour
+	DefaultPartitionLease   = 10 * time.Second
 )
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9_.:{}-]{1,200}$`)
@@ -50,6 +53,18 @@ type Config struct {
 	// DedupeTTL is how long a processed event id is remembered. It must exceed
 	// every redelivery window (stream retention, outbox lease and outages).
 	DedupeTTL time.Duration
+	// Partitions is how many partitions the relay splits the stream into
+	// (relay.Config.Partitions; they must agree). The consumers of a group
+	// divide the partitions among themselves, each partition applied by one
+	// consumer at a time, in order; a partition's consumer state (markers,
+	// verdicts, totals, alerts, dead letters) lives under its own hash tag
+	// (Keys.Partition). Default 1: one stream, one consumer of the group
+	// applying at a time (the others stand by).
+	Partitions int
+	// PartitionLease is how long a consumer's hold on a partition lasts
+	// without renewal (renewed every PartitionLease/4): a dead consumer's
+	// partitions move to the others within it. Default 10s.
+	PartitionLease time.Duration
 	// MinReplicas: after each batch's effects the consumer waits (Redis
 	// WAIT, on the connection that wrote them) until this many replicas
 	// have them, ReplicaTimeout at most (default 1s), and acknowledges the
@@ -75,8 +90,9 @@ type Config struct {
 	Metrics *Metrics
 	// OnProcessed, when set, is called for every delivery of a valid event
 	// once its effect is applied (outcome "approve" or "review") or skipped
-	// (outcome "duplicate"), before the XACK. It runs on the consumer's
-	// goroutine: keep it fast.
+	// (outcome "duplicate"), before the XACK. It runs on the goroutine of the
+	// event's partition: with several partitions, concurrently, so it must
+	// be safe for that; keep it fast.
 	OnProcessed func(ev Event, outcome string)
 }
 
@@ -118,6 +134,12 @@ func (c Config) withDefaults() Config {
 	if c.ReplicaTimeout == 0 {
 		c.ReplicaTimeout = time.Second
 	}
+	if c.Partitions == 0 {
+		c.Partitions = 1
+	}
+	if c.PartitionLease == 0 {
+		c.PartitionLease = DefaultPartitionLease
+	}
 	if c.Retention == 0 {
 		c.Retention = DefaultRetention
 	}
@@ -157,6 +179,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries)
 	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
 		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
+	case partition.Validate(c.Partitions) != nil:
+		return partition.Validate(c.Partitions)
+	case c.PartitionLease < 4*time.Millisecond || c.PartitionLease <= c.Block:
+		return fmt.Errorf("partition lease %s: must be longer than the block %s", c.PartitionLease, c.Block)
 	case c.MinReplicas < 0 || c.ReplicaTimeout < time.Millisecond:
 		return fmt.Errorf("min replicas %d / replica timeout %s: must not be negative / at least 1ms", c.MinReplicas, c.ReplicaTimeout)
 	case c.Retention < time.Hour:
@@ -169,8 +195,36 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Keys names the Redis keys under a prefix.
-type Keys struct{ Prefix string }
+// Keys names the Redis keys under a prefix. With several partitions, the
+// consumer state of each lives under its own prefix (Partition): the
+// methods name the keys of one partition, or of the only one.
+type Keys struct {
+	Prefix string
+	// Partitions is how many partitions the state is split into (0 or 1:
+	// one, under Prefix itself).
+	Partitions int
+}
+
+// Partition returns the keys of partition p: under Prefix{tag}: when there
+// are several (package partition), under Prefix when there is one.
+func (k Keys) Partition(p int) Keys {
+	return Keys{Prefix: partition.Prefix(k.Prefix, p, max(k.Partitions, 1)), Partitions: 1}
+}
+
+// Each returns the keys of every partition, by partition number.
+func (k Keys) Each() []Keys {
+	ks := make([]Keys, max(k.Partitions, 1))
+	for p := range ks {
+		ks[p] = k.Partition(p)
+	}
+	return ks
+}
+
+// Sender returns the keys of the partition of a sender account: the one
+// holding its verdicts and totals.
+func (k Keys) Sender(account string) Keys {
+	return k.Partition(partition.Of(account, max(k.Partitions, 1)))
+}
 
 // Seen is an event's dedupe marker; its value is the verdict.
 func (k Keys) Seen(eventID string) string { return k.Prefix + "seen:" + eventID }
@@ -207,6 +261,17 @@ func (k Keys) Alerts() string { return k.Prefix + "alerts" }
 
 // DeadLetters is the dead-letter stream.
 func (k Keys) DeadLetters() string { return k.Prefix + "dlq" }
+
+// Lease is the lease of this partition's keys in a group: its value is
+// "<epoch>|<consumer>|<process token>" (ownership.go).
+func (k Keys) Lease(group string) string { return k.Prefix + "lease:" + group }
+
+// LeaseEpoch counts the acquisitions of the partition's lease in a group.
+func (k Keys) LeaseEpoch(group string) string { return k.Prefix + "lease-epoch:" + group }
+
+// Members is the group's live consumers, scored by when their membership
+// ends.
+func (k Keys) Members(group string) string { return k.Prefix + "members:" + group }
 
 // Consumer is the lease of a running consumer's name in a group.
 func (k Keys) Consumer(group, name string) string { return k.Prefix + "consumer:" + group + ":" + name }

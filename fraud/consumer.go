@@ -29,6 +29,7 @@ import (
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/partition"
 )
 
 var (
@@ -56,7 +57,8 @@ var outcomeNames = map[int]string{outcomeDuplicate: "duplicate", outcomeApprove:
 type Consumer struct {
 	cfg   Config
 	rdb   redis.Cmdable
-	keys  Keys
+	keys  Keys   // the keys of the group as a whole (names, members)
+	parts []part // the stream's partitions
 	log   *slog.Logger
 	stats counters
 	// token identifies this process in the consumer name's lease.
@@ -90,6 +92,7 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 		cfg:   cfg,
 		rdb:   rdb,
 		keys:  Keys{Prefix: cfg.KeyPrefix},
+		parts: parts(cfg),
 		token: uuid.NewString(),
 		log:   cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
 	}, nil
@@ -114,21 +117,34 @@ func (c *Consumer) Stats() Stats {
 	}
 }
 
-// EnsureGroup creates the consumer group (and the stream) if missing. It
-// starts at "0", not "$": after a stream is lost and recreated, the relay may
-// already have appended entries that must not be skipped.
+// EnsureGroup creates the consumer group (and the stream) of every partition
+// if missing. It starts at "0", not "$": after a stream is lost and
+// recreated, the relay may already have appended entries that must not be
+// skipped.
 func (c *Consumer) EnsureGroup(ctx context.Context) error {
-	err := c.rdb.XGroupCreateMkStream(ctx, c.cfg.Stream, c.cfg.Group, "0").Err()
+	for _, pt := range c.parts {
+		if err := c.ensureGroup(ctx, pt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) ensureGroup(ctx context.Context, pt part) error {
+	err := c.rdb.XGroupCreateMkStream(ctx, pt.stream, c.cfg.Group, "0").Err()
 	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-		return fmt.Errorf("create consumer group %s on %s: %w", c.cfg.Group, c.cfg.Stream, err)
+		return fmt.Errorf("create consumer group %s on %s: %w", c.cfg.Group, pt.stream, err)
 	}
 	return nil
 }
 
 // Run consumes until ctx is cancelled and returns nil then; shutdown takes at
-// most about Config.Block. It first re-reads this consumer's own pending
-// entries (delivered before a crash, never acknowledged), then new ones, and
-// every ClaimInterval claims entries left idle by dead consumers.
+// most about Config.Block. The consumers of the group divide the partitions
+// among themselves (ownership.go); for each partition it owns, the consumer
+// first takes over every entry still pending in the group (delivered before
+// a crash or a rebalance, never acknowledged) and applies them in stream
+// order, then reads new ones, and every ClaimInterval re-delivers its own
+// entries idle for ClaimMinIdle (ones that keep failing).
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.EnsureGroup(ctx); err != nil {
 		return err
@@ -137,63 +153,117 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return err
 	}
 	defer c.releaseName()
-	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream))
-	needPending := true
+	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream), slog.Int("partitions", c.cfg.Partitions))
+	c.own(ctx)
+	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
+	return nil
+}
+
+// feed is a partition as one of its workers applies it: fence is the lease
+// value the effects must find (empty: applied without ownership, by the
+// single steps ReadNew, ProcessPending and ClaimIdle).
+type feed struct {
+	part
+	fence string
+}
+
+// work applies partition pt while this consumer holds its lease with value
+// fence, until ctx is cancelled or the lease turns out lost.
+func (c *Consumer) work(ctx context.Context, pt part, fence string) {
+	f := feed{part: pt, fence: fence}
+	log := c.log.With(slog.Int("partition", pt.n))
+	takenOver := false
+	needPending := false
 	var pendingFailures int
 	var retryPendingAt time.Time
 	lastClaim := time.Now()
 	failures := 0
 	for ctx.Err() == nil {
-		if needPending && !time.Now().Before(retryPendingAt) {
+		var err error
+		switch {
+		case !takenOver:
+			// Every entry pending in the group, whoever it was delivered
+			// to, is older than every entry not yet delivered: apply them
+			// first, in stream order. (The consumer is created first, so
+			// that XINFO CONSUMERS lists it before it has read anything.)
+			if err = c.rdb.XGroupCreateConsumer(ctx, pt.stream, c.cfg.Group, c.cfg.Consumer).Err(); err != nil {
+				break
+			}
+			if _, err = c.claim(ctx, f, 0); err == nil {
+				takenOver = true
+			}
+		case needPending && !time.Now().Before(retryPendingAt):
 			// Entries of ours that failed transiently are still pending:
 			// retry them, with backoff, but never instead of reading new
 			// ones: one entry that keeps failing must not stop the rest.
-			if err := c.ProcessPending(ctx); err != nil {
+			if err = c.processPending(ctx, f); err != nil {
 				pendingFailures++
 				retryPendingAt = time.Now().Add(retryDelay(pendingFailures))
-				if ctx.Err() == nil {
-					c.log.Warn("re-reading pending entries failed", slog.Any("error", err))
-				}
 			} else {
 				needPending, pendingFailures = false, 0
 			}
-		}
-		if time.Since(lastClaim) >= c.cfg.ClaimInterval {
-			if _, err := c.ClaimIdle(ctx); err != nil && ctx.Err() == nil {
-				c.log.Warn("claiming idle entries failed", slog.Any("error", err))
-			}
+		case time.Since(lastClaim) >= c.cfg.ClaimInterval:
+			_, err = c.claim(ctx, f, c.cfg.ClaimMinIdle)
 			lastClaim = time.Now()
+		default:
+			_, err = c.readNew(ctx, f)
 		}
-		c.renewName(ctx)
-		_, err := c.ReadNew(ctx)
 		switch {
 		case err == nil:
 			failures = 0
 		case ctx.Err() != nil:
+		case errors.Is(err, errFenced):
+			log.Error("partition lease lost while applying its events; stopping the partition", slog.Any("error", err))
+			return
 		case redis.HasErrorPrefix(err, "NOGROUP"):
-			c.log.Warn("consumer group missing (stream deleted?); recreating it")
-			if err := c.EnsureGroup(ctx); err != nil {
-				c.log.Warn("recreating group failed", slog.Any("error", err))
+			log.Warn("consumer group missing (stream deleted?); recreating it")
+			if err := c.ensureGroup(ctx, pt); err != nil {
+				log.Warn("recreating group failed", slog.Any("error", err))
 				retry.Sleep(ctx, time.Second)
 			}
 		default:
 			failures++
 			d := retryDelay(failures)
-			c.log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
 			retry.Sleep(ctx, d)
 			needPending = true
 		}
 	}
-	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
-	return nil
 }
 
-// ReadNew blocks up to Config.Block for new entries and processes them.
+// ReadNew blocks up to Config.Block for new entries of every partition and
+// processes them. Run is how to consume: ReadNew, ProcessPending and
+// ClaimIdle are its single steps, without partition ownership, for tests and
+// tools that drive a consumer by hand; with several partitions ReadNew reads
+// them in one command, which a Redis Cluster refuses.
 func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
+	streams := make([]string, 0, 2*len(c.parts))
+	for _, pt := range c.parts {
+		streams = append(streams, pt.stream)
+	}
+	for range c.parts {
+		streams = append(streams, ">")
+	}
+	return c.read(ctx, streams, func(stream string) feed {
+		for _, pt := range c.parts {
+			if pt.stream == stream {
+				return feed{part: pt}
+			}
+		}
+		panic("fraud: XREADGROUP replied with a stream it was not asked for: " + stream)
+	})
+}
+
+// readNew blocks up to Config.Block for new entries of f and processes them.
+func (c *Consumer) readNew(ctx context.Context, f feed) (int, error) {
+	return c.read(ctx, []string{f.stream, ">"}, func(string) feed { return f })
+}
+
+func (c *Consumer) read(ctx context.Context, streams []string, feedOf func(stream string) feed) (int, error) {
 	res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    c.cfg.Group,
 		Consumer: c.cfg.Consumer,
-		Streams:  []string{c.cfg.Stream, ">"},
+		Streams:  streams,
 		Count:    int64(c.cfg.BatchSize),
 		Block:    c.cfg.Block,
 	}).Result()
@@ -206,22 +276,32 @@ func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
 	n := 0
 	for _, s := range res {
 		n += len(s.Messages)
-		if err := c.handle(ctx, s.Messages, false); err != nil {
+		if err := c.handle(ctx, feedOf(s.Stream), s.Messages, false); err != nil {
 			return n, err
 		}
 	}
 	return n, nil
 }
 
-// ProcessPending re-reads and processes this consumer's own pending entries,
-// from the oldest, until none is left that it has not tried in this pass.
+// ProcessPending re-reads and processes this consumer's own pending entries
+// of every partition, from the oldest, until none is left that it has not
+// tried in this pass (a single step of Run: see ReadNew).
 func (c *Consumer) ProcessPending(ctx context.Context) error {
+	for _, pt := range c.parts {
+		if err := c.processPending(ctx, feed{part: pt}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Consumer) processPending(ctx context.Context, f feed) error {
 	cursor := "0"
 	for ctx.Err() == nil {
 		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group:    c.cfg.Group,
 			Consumer: c.cfg.Consumer,
-			Streams:  []string{c.cfg.Stream, cursor},
+			Streams:  []string{f.stream, cursor},
 			Count:    int64(c.cfg.BatchSize),
 			Block:    -1, // an explicit id never blocks; -1 leaves BLOCK out
 		}).Result()
@@ -235,7 +315,7 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 			return nil
 		}
 		msgs := res[0].Messages
-		if err := c.handle(ctx, msgs, true); err != nil {
+		if err := c.handle(ctx, f, msgs, true); err != nil {
 			return err
 		}
 		// Continue after the last entry, so an entry that failed again is
@@ -245,16 +325,31 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 	return nil
 }
 
-// ClaimIdle claims entries idle for at least ClaimMinIdle (their consumer
-// died) and processes them. It returns how many it claimed.
+// ClaimIdle claims the entries of every partition idle for at least
+// ClaimMinIdle (their consumer died, or they keep failing) and processes
+// them (a single step of Run: see ReadNew). It returns how many it claimed.
 func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
+	total := 0
+	for _, pt := range c.parts {
+		n, err := c.claim(ctx, feed{part: pt}, c.cfg.ClaimMinIdle)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// claim claims f's entries idle for at least minIdle, from the oldest, and
+// processes them. It returns how many it claimed.
+func (c *Consumer) claim(ctx context.Context, f feed, minIdle time.Duration) (int, error) {
 	start, total := "0-0", 0
 	for ctx.Err() == nil {
 		msgs, next, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-			Stream:   c.cfg.Stream,
+			Stream:   f.stream,
 			Group:    c.cfg.Group,
 			Consumer: c.cfg.Consumer,
-			MinIdle:  c.cfg.ClaimMinIdle,
+			MinIdle:  minIdle,
 			Start:    start,
 			Count:    int64(c.cfg.BatchSize),
 		}).Result()
@@ -263,8 +358,9 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 		}
 		total += len(msgs)
 		if len(msgs) > 0 {
-			c.log.Info("claimed idle entries", slog.Int("entries", len(msgs)))
-			if err := c.handle(ctx, msgs, true); err != nil {
+			c.log.Info("claimed pending entries", slog.Int("partition", f.n), slog.Int("entries", len(msgs)),
+				slog.Duration("min_idle", minIdle))
+			if err := c.handle(ctx, f, msgs, true); err != nil {
 				return total, err
 			}
 		}
@@ -278,12 +374,12 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 
 // handle applies the effect of each entry and acknowledges the ones done.
 // Once entries are read it finishes even if ctx is cancelled.
-func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivered bool) error {
+func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, redelivered bool) error {
 	ctx = context.WithoutCancel(ctx)
 	started := time.Now()
 	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
 	failpoint.Inject("fraud.after-read")
-	attempt := c.deliveries(ctx, msgs, redelivered)
+	attempt := c.deliveries(ctx, f, msgs, redelivered)
 
 	type item struct {
 		msg  redis.XMessage
@@ -311,11 +407,19 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 			bad, badEr = append(bad, m), append(badEr, err)
 			continue
 		}
+		if want := partition.Of(ev.FromAccount, c.cfg.Partitions); want != f.n {
+			// Its effects would land among another partition's keys: keep
+			// it pending, loudly, until the configuration is fixed.
+			c.stats.failed.Add(1)
+			transient = fmt.Errorf("event %s of sender %s is in the stream of partition %d, but of %d partitions the sender's is %d: "+
+				"the relay and this consumer disagree on the number of partitions", ev.EventID, ev.FromAccount, f.n, c.cfg.Partitions, want)
+			continue
+		}
 		headers, _ := m.Values["headers"].(string)
 		_, span := tracer.Start(tracing.ExtractJSON(ctx, []byte(headers)), "fraud.process",
 			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 				attribute.String("messaging.system", "redis"),
-				attribute.String("messaging.destination.name", c.cfg.Stream),
+				attribute.String("messaging.destination.name", f.stream),
 				attribute.String("messaging.message.id", ev.EventID.String()),
 				attribute.String("messaging.consumer.group.name", c.cfg.Group)))
 		valid = append(valid, item{msg: m, ev: ev, span: span})
@@ -326,7 +430,7 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 		run := func(items []item) error {
 			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i := range items {
-					items[i].cmd = effectScript.EvalSha(ctx, p, c.effectKeys(items[i].ev), c.effectArgs(items[i].ev)...)
+					items[i].cmd = effectScript.EvalSha(ctx, p, c.effectKeys(f, items[i].ev), c.effectArgs(f, items[i].ev)...)
 				}
 				if c.cfg.MinReplicas > 0 {
 					// On the connection that wrote the effects.
@@ -374,6 +478,9 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 				if m := c.cfg.Metrics; m != nil {
 					m.failed.Inc()
 				}
+				if redis.HasErrorPrefix(err, "FENCED") {
+					err = fmt.Errorf("%w: %w", errFenced, err)
+				}
 				transient = fmt.Errorf("apply event %s (entry %s): %w", it.ev.EventID, it.msg.ID, err)
 				continue
 			}
@@ -407,12 +514,12 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 	}
 
 	if len(ack) > 0 {
-		if err := c.rdb.XAck(ctx, c.cfg.Stream, c.cfg.Group, ack...).Err(); err != nil {
+		if err := c.rdb.XAck(ctx, f.stream, c.cfg.Group, ack...).Err(); err != nil {
 			return fmt.Errorf("xack %d entries: %w", len(ack), err)
 		}
 	}
 	for i, m := range bad {
-		c.invalid(ctx, m, badEr[i])
+		c.invalid(ctx, f, m, badEr[i])
 	}
 	return transient
 }
@@ -420,13 +527,13 @@ func (c *Consumer) handle(ctx context.Context, msgs []redis.XMessage, redelivere
 // deliveries returns each entry's delivery count, for logs. New entries are
 // on their first delivery; redelivered ones (own pending, claimed) are looked
 // up with one XPENDING call.
-func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, redelivered bool) func(id string) int64 {
+func (c *Consumer) deliveries(ctx context.Context, f feed, msgs []redis.XMessage, redelivered bool) func(id string) int64 {
 	if !redelivered || len(msgs) == 0 {
 		return func(string) int64 { return 1 }
 	}
 	counts := map[string]int64{}
 	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: c.cfg.Stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
+		Stream: f.stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer,
 		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)),
 	}).Result()
 	if err == nil {
@@ -440,7 +547,7 @@ func (c *Consumer) deliveries(ctx context.Context, msgs []redis.XMessage, redeli
 // invalid handles an entry that can never be processed: it stays pending (it
 // is redelivered by ClaimIdle) until it has been delivered MaxDeliveries
 // times, then it moves to the dead-letter stream.
-func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
+func (c *Consumer) invalid(ctx context.Context, f feed, m redis.XMessage, cause error) {
 	log := c.log.With(slog.String("entry_id", m.ID), slog.Any("error", cause))
 	if id, ok := m.Values["event_id"].(string); ok {
 		log = log.With(slog.String("event_id", id))
@@ -453,7 +560,7 @@ func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 	}
 	c.stats.failed.Add(1)
 	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: c.cfg.Stream, Group: c.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+		Stream: f.stream, Group: c.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 	}).Result()
 	if err != nil || len(pend) == 0 {
 		log.Warn("invalid entry stays pending", slog.Any("xpending_error", err))
@@ -466,7 +573,7 @@ func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 		return
 	}
 	moved, err := deadLetterScript.Run(ctx, c.rdb,
-		[]string{c.cfg.Stream, c.keys.DeadLetters(), c.keys.Stats()},
+		[]string{f.stream, f.keys.DeadLetters(), f.keys.Stats()},
 		c.cfg.Group, m.ID, cause.Error(), deliveries, c.cfg.Consumer).Int()
 	if err != nil {
 		log.Error("dead-lettering failed; entry stays pending", slog.Any("dlq_error", err))
@@ -477,20 +584,21 @@ func (c *Consumer) invalid(ctx context.Context, m redis.XMessage, cause error) {
 		if m := c.cfg.Metrics; m != nil {
 			m.deadLettered.Inc()
 		}
-		log.Error("entry moved to the dead-letter stream", slog.String("dlq", c.keys.DeadLetters()))
+		log.Error("entry moved to the dead-letter stream", slog.String("dlq", f.keys.DeadLetters()))
 	}
 }
 
-func (c *Consumer) effectKeys(ev Event) []string {
+func (c *Consumer) effectKeys(f feed, ev Event) []string {
 	day, _ := Day(ev.SettledAt)
+	k := f.keys
 	return []string{
-		c.keys.Seen(ev.EventID.String()), c.keys.Verdict(ev.TransferID.String()),
-		c.keys.DayAccount(day, ev.FromAccount), c.keys.DayAccounts(day), c.keys.Days(),
-		c.keys.Window(ev.FromAccount), c.keys.Stats(), c.keys.Alerts(),
+		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
+		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
+		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(c.cfg.Group),
 	}
 }
 
-func (c *Consumer) effectArgs(ev Event) []any {
+func (c *Consumer) effectArgs(f feed, ev Event) []any {
 	now := time.Now()
 	day, dayNo := Day(ev.SettledAt)
 	expireAt := DayExpiry(ev.SettledAt, c.cfg.Retention).UnixMilli()
@@ -517,7 +625,8 @@ func (c *Consumer) effectArgs(ev Event) []any {
 		ms(oldest - 1),
 		ms((c.cfg.DedupeTTL + 2*c.cfg.Window).Milliseconds()),
 		ms(now.Add(-c.cfg.Retention).UnixMilli()),
-		c.keys.Verdict(""),
+		f.keys.Verdict(""),
+		f.fence,
 	}
 }
 
@@ -543,6 +652,10 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// errFenced: the effect script refused an effect because the partition's
+// lease no longer holds this consumer's value.
+var errFenced = errors.New("partition lease lost")
 
 // ErrNameInUse: another running consumer of the group has this consumer's
 // name. Two processes under one name would share one pending list, each

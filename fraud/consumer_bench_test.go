@@ -57,7 +57,8 @@ func BenchmarkEffectScript(b *testing.B) {
 				cmds := make([]*redis.Cmd, len(evs))
 				if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 					for i, ev := range evs {
-						cmds[i] = effectScript.EvalSha(ctx, p, c.effectKeys(ev), c.effectArgs(ev)...)
+						f := feed{part: c.parts[0]}
+						cmds[i] = effectScript.EvalSha(ctx, p, c.effectKeys(f, ev), c.effectArgs(f, ev)...)
 					}
 					return nil
 				}); err != nil {

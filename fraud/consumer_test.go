@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,7 +73,7 @@ func TestVelocityRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, cs := range cases {
-		got, err := Verdict(ctx, rdb.Client, rdb.Prefix+"fraud:", ids[i].String())
+		got, err := Verdict(ctx, rdb.Client, Keys{Prefix: rdb.Prefix + "fraud:"}, ids[i].String())
 		if err != nil || got != cs.want {
 			t.Errorf("case %d (%s %d): verdict %q (err %v), want %q", i, cs.from, cs.cents, got, err, cs.want)
 		}
@@ -84,7 +85,7 @@ func TestVelocityRule(t *testing.T) {
 	if alerts[0].Values["reason"] != "velocity" || alerts[0].Values["window_total_cents"] != "110000" || alerts[1].Values["reason"] != "amount" {
 		t.Fatalf("alerts %v", alerts)
 	}
-	rep, err := ReadReport(ctx, rdb.Client, rdb.Prefix+"fraud:")
+	rep, err := ReadReport(ctx, rdb.Client, Keys{Prefix: rdb.Prefix + "fraud:"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestConsumerNameInUseIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { done <- third.Run(ctx2) }()
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(done) == 0 && startedReading(rdb, stream) }, "the new consumer never read")
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(done) == 0 && owns(rdb, third, 0) }, "the new consumer never took the stream")
 	time.Sleep(time.Second)
 	select {
 	case err := <-done:
@@ -168,9 +169,10 @@ func TestConsumerNameInUseIsRefused(t *testing.T) {
 	}
 }
 
-func startedReading(rdb outboxtest.Redis, stream string) bool {
-	cs, err := rdb.XInfoConsumers(context.Background(), stream, DefaultGroup).Result()
-	return err == nil && len(cs) == 1 && cs[0].Idle < 500*time.Millisecond
+// owns reports whether c holds the lease of partition p.
+func owns(rdb outboxtest.Redis, c *Consumer, p int) bool {
+	v, err := rdb.Get(context.Background(), c.parts[p].keys.Lease(c.cfg.Group)).Result()
+	return err == nil && strings.HasSuffix(v, "|"+c.holder())
 }
 
 // The verdicts do not depend on the order in which a sender's transfers
@@ -226,7 +228,7 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		}
 		var got []string
 		for i := range teds {
-			v, err := Verdict(ctx, rdb.Client, prefix+"fraud:", ids[i].String())
+			v, err := Verdict(ctx, rdb.Client, Keys{Prefix: prefix + "fraud:"}, ids[i].String())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +241,7 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rep, err := ReadReport(ctx, rdb.Client, prefix+"fraud:")
+		rep, err := ReadReport(ctx, rdb.Client, Keys{Prefix: prefix + "fraud:"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@
 -- KEYS[3] sender's day totals   KEYS[4] day's senders set
 -- KEYS[5] days index zset       KEYS[6] sender window zset
 -- KEYS[7] stats hash            KEYS[8] alerts stream
+-- KEYS[9] the partition's lease (ownership.go)
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -25,6 +26,9 @@
 -- ARGV[16] window key TTL (ms)  ARGV[17] alerts kept from this id on (ms)
 -- ARGV[18] verdict key prefix (the verdicts of later transfers this one may
 --          send to review are at ARGV[18] .. transfer_id)
+-- ARGV[19] the lease value the consumer holds (its fencing token); empty
+--          when the consumer applies events without owning the partition
+--          (its single steps, for tests and tools)
 -- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
 -- 2 for review; revised, how many later transfers it sent to review.
 --
@@ -36,6 +40,13 @@
 -- Totals only grow as transfers arrive, so a verdict only ever moves from
 -- approve to review, and once every transfer has arrived each verdict is the
 -- one settled order gives.
+-- Fencing: only the partition's owner applies its events. A consumer whose
+-- lease expired or moved (it stalled, or the group rebalanced) is refused,
+-- however late its command arrives; nothing is written.
+if ARGV[19] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[19] then
+  return redis.error_reply('FENCED partition lease ' .. KEYS[9] .. ' is no longer held by this consumer')
+end
+
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
   return {0, 0}

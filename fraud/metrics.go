@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/partition"
 )
 
 // Metrics are the consumer's Prometheus metrics. A nil *Metrics records
@@ -60,7 +62,15 @@ func (m *Metrics) observeBatch(d time.Duration) {
 type GroupCollector struct {
 	rdb              redis.Cmdable
 	stream, group    string
+	partitions       int
 	pending, lag, up *prometheus.Desc
+}
+
+// WithPartitions makes the collector sum the group's figures over the n
+// partition streams of its stream (labelled with the stream's base name).
+func (c *GroupCollector) WithPartitions(n int) *GroupCollector {
+	c.partitions = n
+	return c
 }
 
 // NewGroupCollector returns a collector for group on stream.
@@ -85,18 +95,28 @@ func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	groups, err := c.rdb.XInfoGroups(ctx, c.stream).Result()
-	if err != nil && !redis.HasErrorPrefix(err, "no such key") {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
+	var pending, lag int64
+	found, lagKnown := false, true
+	for _, stream := range partition.Streams(c.stream, max(c.partitions, 1)) {
+		groups, err := c.rdb.XInfoGroups(ctx, stream).Result()
+		if err != nil && !redis.HasErrorPrefix(err, "no such key") {
+			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+			return
+		}
+		for _, g := range groups {
+			if g.Name == c.group {
+				found = true
+				pending += g.Pending
+				lag += g.Lag
+				lagKnown = lagKnown && g.Lag >= 0 // -1: Redis cannot tell (entries deleted)
+			}
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	for _, g := range groups {
-		if g.Name == c.group {
-			ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(g.Pending))
-			if g.Lag >= 0 { // -1: Redis cannot tell (entries deleted)
-				ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(g.Lag))
-			}
+	if found {
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
+		if lagKnown {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
 		}
 	}
 }

@@ -27,27 +27,35 @@ type AccountTotals struct {
 	Transfers int64 `json:"transfers"`
 }
 
-// ReadReport reads the report from the keys under keyPrefix.
-func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Report, error) {
-	keys := Keys{Prefix: keyPrefix}
+// ReadReport reads the report from the keys of every partition of keys,
+// summed.
+func ReadReport(ctx context.Context, rdb redis.Cmdable, keys Keys) (Report, error) {
+	rep := Report{Accounts: map[string]AccountTotals{}}
+	for _, k := range keys.Each() {
+		if err := readReport(ctx, rdb, k, &rep); err != nil {
+			return Report{}, err
+		}
+	}
+	return rep, nil
+}
+
+// readReport adds one partition's state to rep.
+func readReport(ctx context.Context, rdb redis.Cmdable, keys Keys, rep *Report) error {
 	stats, err := rdb.HGetAll(ctx, keys.Stats()).Result()
 	if err != nil {
-		return Report{}, fmt.Errorf("read stats: %w", err)
+		return fmt.Errorf("read stats: %w", err)
 	}
 	num := func(m map[string]string, k string) int64 {
 		v, _ := strconv.ParseInt(m[k], 10, 64)
 		return v
 	}
-	rep := Report{
-		Verdicts:          num(stats, "verdicts"),
-		Reviews:           num(stats, "reviews"),
-		DuplicatesSkipped: num(stats, "duplicates_skipped"),
-		DeadLettered:      num(stats, "dead_lettered"),
-		Accounts:          map[string]AccountTotals{},
-	}
+	rep.Verdicts += num(stats, "verdicts")
+	rep.Reviews += num(stats, "reviews")
+	rep.DuplicatesSkipped += num(stats, "duplicates_skipped")
+	rep.DeadLettered += num(stats, "dead_lettered")
 	days, err := rdb.ZRange(ctx, keys.Days(), 0, -1).Result()
 	if err != nil {
-		return Report{}, fmt.Errorf("read the days index: %w", err)
+		return fmt.Errorf("read the days index: %w", err)
 	}
 	type dayAccount struct{ day, acct string }
 	var all []dayAccount
@@ -59,7 +67,7 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 			}
 			return nil
 		}); err != nil {
-			return Report{}, fmt.Errorf("read the senders of each day: %w", err)
+			return fmt.Errorf("read the senders of each day: %w", err)
 		}
 		for i, d := range batch {
 			for _, a := range cmds[i].Val() {
@@ -75,7 +83,7 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 			}
 			return nil
 		}); err != nil {
-			return Report{}, fmt.Errorf("read account totals: %w", err)
+			return fmt.Errorf("read account totals: %w", err)
 		}
 		for i, da := range batch {
 			m := cmds[i].Val()
@@ -88,7 +96,7 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 			rep.Accounts[da.acct] = t
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // reportChunk is how many keys one pipelined round trip of ReadReport or
@@ -96,9 +104,11 @@ func ReadReport(ctx context.Context, rdb redis.Cmdable, keyPrefix string) (Repor
 const reportChunk = 1000
 
 // Verdict returns the verdict recorded for a transfer ("approve" or "review"),
-// or "" if there is none (not judged yet, or past the retention).
-func Verdict(ctx context.Context, rdb redis.Cmdable, keyPrefix, transferID string) (string, error) {
-	vs, err := ReadVerdicts(ctx, rdb, keyPrefix, []string{transferID})
+// or "" if there is none (not judged yet, or past the retention). With
+// several partitions it looks in each; ReadVerdictsOf, given the sender,
+// looks in one.
+func Verdict(ctx context.Context, rdb redis.Cmdable, keys Keys, transferID string) (string, error) {
+	vs, err := ReadVerdicts(ctx, rdb, keys, []string{transferID})
 	if err != nil {
 		return "", err
 	}
@@ -106,45 +116,84 @@ func Verdict(ctx context.Context, rdb redis.Cmdable, keyPrefix, transferID strin
 }
 
 // ReadVerdicts returns the verdicts of the transfers, in order ("" where
-// there is none), in pipelined round trips. A transfer judged before the
-// verdicts got their own keys is found in the old Keys.Verdicts hash.
-func ReadVerdicts(ctx context.Context, rdb redis.Cmdable, keyPrefix string, transferIDs []string) ([]string, error) {
-	keys := Keys{Prefix: keyPrefix}
+// there is none), in pipelined round trips, looking in every partition. A
+// transfer judged before the verdicts got their own keys is found in the old
+// Keys.Verdicts hash.
+func ReadVerdicts(ctx context.Context, rdb redis.Cmdable, keys Keys, transferIDs []string) ([]string, error) {
 	out := make([]string, len(transferIDs))
-	for from := 0; from < len(transferIDs); from += reportChunk {
-		ids := transferIDs[from:min(from+reportChunk, len(transferIDs))]
-		cmds := make([]*redis.StringCmd, len(ids))
-		if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range ids {
-				cmds[i] = p.Get(ctx, keys.Verdict(id))
-			}
-			return nil
-		}); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("read verdicts: %w", err)
-		}
-		var missing []string
-		var at []int
-		for i, c := range cmds {
-			if v, err := c.Result(); err == nil {
-				out[from+i] = v
-			} else if errors.Is(err, redis.Nil) {
-				missing, at = append(missing, ids[i]), append(at, from+i)
-			} else {
-				return nil, fmt.Errorf("read verdict: %w", err)
+	for _, k := range keys.Each() {
+		at := make([]int, 0, len(transferIDs))
+		for i, v := range out {
+			if v == "" {
+				at = append(at, i)
 			}
 		}
-		if len(missing) == 0 {
-			continue
-		}
-		old, err := rdb.HMGet(ctx, keys.Verdicts(), missing...).Result()
-		if err != nil {
-			return nil, fmt.Errorf("read verdicts kept before the retention: %w", err)
-		}
-		for i, v := range old {
-			if s, ok := v.(string); ok {
-				out[at[i]] = s
-			}
+		if err := readVerdicts(ctx, rdb, func(int) Keys { return k }, transferIDs, at, out); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// ReadVerdictsOf is ReadVerdicts for transfers whose senders are known
+// (senders[i] sent transferIDs[i]): it reads each verdict in its sender's
+// partition only.
+func ReadVerdictsOf(ctx context.Context, rdb redis.Cmdable, keys Keys, transferIDs, senders []string) ([]string, error) {
+	if len(senders) != len(transferIDs) {
+		return nil, fmt.Errorf("read verdicts: %d transfers but %d senders", len(transferIDs), len(senders))
+	}
+	out := make([]string, len(transferIDs))
+	at := make([]int, len(transferIDs))
+	for i := range at {
+		at[i] = i
+	}
+	return out, readVerdicts(ctx, rdb, func(i int) Keys { return keys.Sender(senders[i]) }, transferIDs, at, out)
+}
+
+// readVerdicts reads the verdicts of transferIDs[i] for i in at into out[i],
+// from the keys keysOf(i).
+func readVerdicts(ctx context.Context, rdb redis.Cmdable, keysOf func(i int) Keys, transferIDs []string, at []int, out []string) error {
+	for batch := range slices.Chunk(at, reportChunk) {
+		cmds := make([]*redis.StringCmd, len(batch))
+		if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, i := range batch {
+				cmds[j] = p.Get(ctx, keysOf(i).Verdict(transferIDs[i]))
+			}
+			return nil
+		}); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("read verdicts: %w", err)
+		}
+		var missing []int
+		for j, c := range cmds {
+			if v, err := c.Result(); err == nil {
+				out[batch[j]] = v
+			} else if errors.Is(err, redis.Nil) {
+				missing = append(missing, batch[j])
+			} else {
+				return fmt.Errorf("read verdict: %w", err)
+			}
+		}
+		// Verdicts kept before the retention, in one hash per prefix.
+		byHash := map[string][]int{}
+		for _, i := range missing {
+			h := keysOf(i).Verdicts()
+			byHash[h] = append(byHash[h], i)
+		}
+		for h, is := range byHash {
+			ids := make([]string, len(is))
+			for j, i := range is {
+				ids[j] = transferIDs[i]
+			}
+			old, err := rdb.HMGet(ctx, h, ids...).Result()
+			if err != nil {
+				return fmt.Errorf("read verdicts kept before the retention: %w", err)
+			}
+			for j, v := range old {
+				if s, ok := v.(string); ok {
+					out[is[j]] = s
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -52,7 +52,7 @@ func TestEveryKeyTheConsumerWritesIsBounded(t *testing.T) {
 	}
 
 	for tid, want := range map[string]string{review.String(): "review", approve.String(): "approve", old.String(): ""} {
-		if got, err := Verdict(ctx, rdb.Client, prefix, tid); err != nil || got != want {
+		if got, err := Verdict(ctx, rdb.Client, Keys{Prefix: prefix}, tid); err != nil || got != want {
 			t.Errorf("verdict of %s: %q (%v), want %q", tid, got, err, want)
 		}
 	}
@@ -104,7 +104,7 @@ func TestEveryKeyTheConsumerWritesIsBounded(t *testing.T) {
 	if len(names) < 10 {
 		t.Fatalf("only %d keys under %s: %v", len(names), prefix, names)
 	}
-	rep, err := ReadReport(ctx, rdb.Client, prefix)
+	rep, err := ReadReport(ctx, rdb.Client, Keys{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

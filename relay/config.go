@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tedbank/outbox/partition"
 )
 
 // Defaults for the zero fields of Config.
@@ -85,6 +87,13 @@ type Config struct {
 	StreamPrefix string
 	// Stream, when set, is the one stream every event goes to instead.
 	Stream string
+	// Partitions splits each stream into this many partition streams
+	// (package partition): an event goes to partition.Of(its partition key)
+	// and the stream partition.Stream(key, p, Partitions), which carries
+	// a Redis Cluster hash tag. Relays and consumers of a deployment must
+	// agree on it (docs/operations.md says how to change it). Default 1: one
+	// stream under its plain name.
+	Partitions int
 	// StreamMaxLen and StreamRetention cap the streams this relay publishes
 	// to: entries beyond the newest StreamMaxLen (0: no cap), or older than
 	// StreamRetention, are trimmed every TrimInterval (default 10s) — but
@@ -153,6 +162,9 @@ func (c Config) withDefaults() Config {
 	if c.Channel == "" {
 		c.Channel = DefaultChannel
 	}
+	if c.Partitions == 0 {
+		c.Partitions = 1
+	}
 	if c.TrimInterval == 0 {
 		c.TrimInterval = DefaultTrimInterval
 	}
@@ -189,6 +201,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
+	case partition.Validate(c.Partitions) != nil:
+		return partition.Validate(c.Partitions)
 	case c.MinReplicas < 0:
 		return fmt.Errorf("min replicas %d: must not be negative", c.MinReplicas)
 	case c.MinReplicas > 0 && (c.ReplicaTimeout < time.Millisecond || c.ReplicaTimeout >= c.PublishTimeout):
@@ -201,15 +215,28 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// StreamKey returns the stream events of aggregateType are published to.
+// StreamKey returns the stream events of aggregateType are published to;
+// with several partitions, the base of its partition streams.
 func (c Config) StreamKey(aggregateType string) string {
-	return c.withDefaults().streamKey(aggregateType)
+	return c.withDefaults().baseStream(aggregateType)
 }
 
-// streamKey is StreamKey for a config that already has its defaults.
-func (c Config) streamKey(aggregateType string) string {
+// PartitionStream returns the stream an event of aggregateType with
+// partitionKey is published to.
+func (c Config) PartitionStream(aggregateType, partitionKey string) string {
+	return c.withDefaults().streamKey(aggregateType, partitionKey)
+}
+
+// baseStream is StreamKey for a config that already has its defaults.
+func (c Config) baseStream(aggregateType string) string {
 	if c.Stream != "" {
 		return c.Stream
 	}
 	return c.StreamPrefix + aggregateType
+}
+
+// streamKey is PartitionStream for a config that already has its defaults.
+func (c Config) streamKey(aggregateType, partitionKey string) string {
+	n := c.Partitions
+	return partition.Stream(c.baseStream(aggregateType), partition.Of(partitionKey, n), n)
 }

@@ -560,6 +560,7 @@ type message struct {
 	Headers       []byte
 	Attempts      int
 	CreatedAt     time.Time
+	PartitionKey  string
 }
 
 // DrainBatch claims one batch, publishes it and records the outcome. Once rows
@@ -627,7 +628,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 
 	streams := make([]string, len(msgs))
 	for i, m := range msgs {
-		streams[i] = r.cfg.streamKey(m.AggregateType)
+		streams[i] = r.cfg.streamKey(m.AggregateType, m.PartitionKey)
 	}
 	ids, errs := r.publish(ctx, msgs, streams)
 	failpoint.Inject("relay.after-xadd")

@@ -55,7 +55,7 @@ func (f *dlqFixture) consumer(name string) *fraud.Consumer {
 
 func (f *dlqFixture) report() fraud.Report {
 	f.t.Helper()
-	rep, err := fraud.ReadReport(f.ctx, f.rdb.Client, f.keyPrefix)
+	rep, err := fraud.ReadReport(f.ctx, f.rdb.Client, fraud.Keys{Prefix: f.keyPrefix})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestRetriedDeadLettersAreAppliedExactlyOnce(t *testing.T) {
 	if rep.Verdicts != 1 || rep.DuplicatesSkipped != 1 || rep.Accounts["acct-1"] != (fraud.AccountTotals{SentCents: 12_345, Transfers: 1}) {
 		t.Fatalf("report %+v: want the event applied once and its copy skipped", rep)
 	}
-	if v, err := fraud.Verdict(f.ctx, f.rdb.Client, f.keyPrefix, tr.ID.String()); err != nil || v != "approve" {
+	if v, err := fraud.Verdict(f.ctx, f.rdb.Client, fraud.Keys{Prefix: f.keyPrefix}, tr.ID.String()); err != nil || v != "approve" {
 		t.Fatalf("verdict %q, %v; want approve", v, err)
 	}
 	for _, m := range mustRange(t, f, f.stream) {

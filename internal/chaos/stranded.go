@@ -316,9 +316,16 @@ type eventTiming struct {
 	CreatedAt        time.Time
 	ClaimedBy        string
 	CommitFromCreate bool // Commit is created_at: no commit timestamp
+	// Ready is when the event could first be claimed: its commit, or, if
+	// later, when the event before it of the same partition key (the
+	// sender's previous TED) was marked published. The claim's gate holds
+	// a key's next event until then (docs/design.md section 2): after a
+	// relay dies holding a sender's TED, the sender's next TED waits for
+	// the lease, not for a poll.
+	Ready time.Time
 }
 
-func (e eventTiming) delay() time.Duration { return e.Publish.Sub(e.Commit) }
+func (e eventTiming) delay() time.Duration { return e.Publish.Sub(maxTime(e.Commit, e.Ready)) }
 
 // calm reports whether no window intersects [t-calmBefore, t+strandedAfter].
 func calm(windows []window, t time.Time) bool {
@@ -485,9 +492,11 @@ func (r *run) eventTimings(ctx context.Context) ([]eventTiming, error) {
 	if track == "on" {
 		commitTS = "pg_xact_commit_timestamp(t.xmin)"
 	}
-	rows, err := r.mon.Query(ctx, `SELECT o.id::text, `+commitTS+`, o.created_at, o.stream_id, coalesce(o.claimed_by, '')
-		FROM outbox_messages o JOIN transfers t ON t.id::text = o.aggregate_id
-		WHERE o.aggregate_type = 'transfer' AND o.event_type = 'transfer.settled' AND o.status = 'published'`)
+	rows, err := r.mon.Query(ctx, `SELECT o.id::text, `+commitTS+`, o.created_at, o.stream_id, coalesce(o.claimed_by, ''), o.before_published_at
+		FROM (SELECT *, lag(published_at) OVER (PARTITION BY aggregate_type, coalesce(partition_key, aggregate_id) ORDER BY seq) AS before_published_at
+		        FROM outbox_messages WHERE aggregate_type = 'transfer' AND status IN ('published', 'dead')) o
+		JOIN transfers t ON t.id::text = o.aggregate_id
+		WHERE o.event_type = 'transfer.settled' AND o.status = 'published'`)
 	if err != nil {
 		return nil, err
 	}
@@ -498,8 +507,9 @@ func (r *run) eventTimings(ctx context.Context) ([]eventTiming, error) {
 			e        eventTiming
 			commit   *time.Time
 			streamID *string
+			before   *time.Time
 		)
-		if err := rows.Scan(&e.ID, &commit, &e.CreatedAt, &streamID, &e.ClaimedBy); err != nil {
+		if err := rows.Scan(&e.ID, &commit, &e.CreatedAt, &streamID, &e.ClaimedBy, &before); err != nil {
 			return nil, err
 		}
 		e.Commit = e.CreatedAt
@@ -507,6 +517,10 @@ func (r *run) eventTimings(ctx context.Context) ([]eventTiming, error) {
 			e.Commit = *commit
 		} else {
 			e.CommitFromCreate = true
+		}
+		e.Ready = e.Commit
+		if before != nil && before.After(e.Ready) {
+			e.Ready = *before
 		}
 		id := r.firstEntry[e.ID]
 		if id == "" && streamID != nil {

@@ -290,6 +290,21 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+// An event whose key's previous event was still unpublished when it
+// committed (a killed relay held it until its lease ran out) is timed from
+// that event's mark: the claim's gate held it, not a missing wake-up.
+func TestEventsHeldByTheirKeysPredecessorAreTimedFromIt(t *testing.T) {
+	held := eventTiming{ID: "held", Commit: at(5 * time.Second), Ready: at(8 * time.Second), Publish: at(8*time.Second + 30*ms)}
+	late := eventTiming{ID: "late", Commit: at(5 * time.Second), Ready: at(8 * time.Second), Publish: at(9500 * ms)}
+	rep := classify([]eventTiming{held, late}, nil)
+	if rep.Judged != 2 || len(rep.Stranded) != 1 || rep.Stranded[0].ID != "late" {
+		t.Fatalf("judged %d, stranded %v; want 2 judged and only late stranded", rep.Judged, rep.Stranded)
+	}
+	if held.delay() != 30*ms {
+		t.Fatalf("held: delay %s, want 30ms from its predecessor's mark", held.delay())
+	}
+}
+
 // After a busy error, events are judged busyErrorSettle after its window,
 // not calmBefore: a relay that sleeps with writers silent strands the next
 // seconds' events, which must not be excused.

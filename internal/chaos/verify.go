@@ -226,7 +226,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 			reviews++
 		}
 	}
-	rep, err := fraud.ReadReport(ctx, r.rdb, keyPrefix)
+	rep, err := fraud.ReadReport(ctx, r.rdb, fraud.Keys{Prefix: keyPrefix})
 	if err != nil {
 		r.problem("read fraud report: %v", err)
 		return

@@ -4,6 +4,7 @@ package cli
 // and 'outbox cleanup'. The work itself is in internal/admin.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/admin"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/partition"
 )
 
 const (
@@ -245,11 +247,16 @@ func checkNames(keyPrefix, stream string) error {
 func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := e.flags("fraud dlq list", &c)
-	usageLine(fs, "outbox fraud dlq list [--json] [--key-prefix P] [--count N]")
+	usageLine(fs, "outbox fraud dlq list [--json] [--key-prefix P] [--count N] [--partitions N]")
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per dead letter")
 	prefix := keyPrefixFlag(fs)
 	count := fs.Int("count", defaultDLQListCount, "list at most this many dead letters, oldest first")
+	partitions := partitionsFlag(e, fs, "the partitions of the consumers' state: each has its dead-letter stream, listed together")
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	nParts, err := partitions()
+	if err != nil {
 		return err
 	}
 	if _, err := c.logger(e.stderr); err != nil {
@@ -266,15 +273,29 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	letters, total, err := admin.ListDeadLetters(ctx, rdb, *prefix, *count)
-	if err != nil {
-		return err
+	var (
+		letters = []admin.DeadLetter{} // an empty list prints as [], not null
+		total   int64
+	)
+	for _, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
+		ls, n, err := admin.ListDeadLetters(ctx, rdb, k.Prefix, *count)
+		if err != nil {
+			return err
+		}
+		letters, total = append(letters, ls...), total+n
 	}
+	// Oldest first across the partitions' streams (entry ids are times).
+	slices.SortStableFunc(letters, func(a, b admin.DeadLetter) int { return compareEntryIDs(a.ID, b.ID) })
+	letters = letters[:min(len(letters), *count)]
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(letters)
 	}
 	if len(letters) == 0 {
-		fmt.Fprintf(e.stdout, "no dead letters in %s\n", admin.DeadLetterStream(*prefix))
+		where := admin.DeadLetterStream(*prefix)
+		if nParts > 1 {
+			where = fmt.Sprintf("the %d partitions' dead-letter streams", nParts)
+		}
+		fmt.Fprintf(e.stdout, "no dead letters in %s\n", where)
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
@@ -297,7 +318,12 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	all := fs.Bool("all", false, "retry every dead letter")
 	prefix := keyPrefixFlag(fs)
 	stream := fs.String("stream", fraud.DefaultStream, "source stream of dead letters without a dlq_stream field")
+	partitions := partitionsFlag(e, fs, "the partitions of the consumers' state: an id is looked up in each partition's dead-letter stream")
 	ids, err := e.parseWithArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	nParts, err := partitions()
 	if err != nil {
 		return err
 	}
@@ -325,10 +351,27 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	}
 	defer rdb.Close()
 	var res admin.DLQRetryResult
-	if *all {
-		res, err = admin.RetryAllDeadLetters(ctx, rdb, *prefix, *stream)
-	} else {
-		res, err = admin.RetryDeadLetters(ctx, rdb, *prefix, ids, *stream)
+	missing := map[string]int{} // how many partitions do not hold each id
+	for p, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
+		var r admin.DLQRetryResult
+		source := partition.Stream(*stream, p, nParts)
+		if *all {
+			r, err = admin.RetryAllDeadLetters(ctx, rdb, k.Prefix, source)
+		} else {
+			r, err = admin.RetryDeadLetters(ctx, rdb, k.Prefix, ids, source)
+		}
+		res.Retried, res.Failed = append(res.Retried, r.Retried...), append(res.Failed, r.Failed...)
+		for _, id := range r.Missing {
+			missing[id]++
+		}
+		if err != nil {
+			break
+		}
+	}
+	for _, id := range ids {
+		if missing[id] == nParts && !slices.Contains(res.Missing, id) {
+			res.Missing = append(res.Missing, id)
+		}
 	}
 	var streams []string
 	for _, r := range res.Retried {
@@ -348,7 +391,11 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	}
 	var why []string
 	for _, id := range res.Missing {
-		why = append(why, id+" is not in "+admin.DeadLetterStream(*prefix))
+		where := admin.DeadLetterStream(*prefix)
+		if nParts > 1 {
+			where = fmt.Sprintf("any of the %d partitions' dead-letter streams", nParts)
+		}
+		why = append(why, id+" is not in "+where)
 	}
 	for _, f := range res.Failed {
 		why = append(why, fmt.Sprintf("%s: %v", f.ID, f.Err))
@@ -496,3 +543,11 @@ func listFooter(w io.Writer, shown int, total int64, noun, limitFlag string) {
 
 // cleanupProgressEvery: how often a running cleanup logs its progress at info.
 const cleanupProgressEvery = 10 * time.Second
+
+// compareEntryIDs orders stream entry ids ("ms-seq") by time, then sequence.
+func compareEntryIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	num := func(s string) uint64 { n, _ := strconv.ParseUint(s, 10, 64); return n }
+	return cmp.Or(cmp.Compare(num(am), num(bm)), cmp.Compare(num(as), num(bs)))
+}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/partition"
 )
 
 func TestAdminBadCommandLinesExitTwoWithOneLine(t *testing.T) {
@@ -318,5 +320,48 @@ func TestFraudDLQCommands(t *testing.T) {
 	code, stdout, stderr = run(t, env, "fraud", "dlq", "retry", "--all", "--key-prefix", prefix, "--stream", stream)
 	if code != exitOK || strings.TrimSpace(stdout) != "retried 0 dead letters" {
 		t.Fatalf("fraud dlq retry --all on an empty dead-letter stream: exit %d %q %s", code, stdout, stderr)
+	}
+}
+
+// With partitions each partition's state has its own dead-letter stream:
+// fraud dlq list shows them together, oldest first, and retry finds an id in
+// whichever holds it.
+func TestFraudDLQCommandsOverPartitions(t *testing.T) {
+	ctx := context.Background()
+	rdb := outboxtest.NewRedis(t)
+	env := map[string]string{"REDIS_URL": rdb.URL, "OUTBOX_PARTITIONS": "2"}
+	prefix := rdb.Prefix + "fraud:"
+	stream := rdb.Prefix + "outbox.event.transfer"
+	var ids []string
+	for i, p := range []int{1, 0} { // the older letter in partition 1
+		source := partition.Stream(stream, p, 2)
+		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: partition.Prefix(prefix, p, 2) + "dlq", ID: fmt.Sprintf("170000000000%d-0", i), Values: map[string]any{
+			"event_id": uuid.NewString(), "event_type": "transfer.settled", "payload": "not json",
+			"dlq_stream": source, "dlq_group": "fraud", "dlq_entry_id": fmt.Sprintf("1700000000000-%d", i),
+			"dlq_reason": "invalid event", "dlq_deliveries": "5", "dlq_consumer": "c1",
+		}}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	code, stdout, stderr := run(t, env, "fraud", "dlq", "list", "--json", "--key-prefix", prefix)
+	var list []map[string]any
+	if code != exitOK || json.Unmarshal([]byte(stdout), &list) != nil || len(list) != 2 ||
+		list[0]["id"] != ids[0] || list[1]["id"] != ids[1] || list[0]["dlq_stream"] != partition.Stream(stream, 1, 2) {
+		t.Fatalf("fraud dlq list over 2 partitions: exit %d %s %s; want both letters, oldest first", code, stdout, stderr)
+	}
+	code, stdout, stderr = run(t, env, "fraud", "dlq", "retry", "--key-prefix", prefix, ids[1], "1-1")
+	if code != exitFailure || !strings.HasPrefix(stdout, "retried 1 dead letter (re-added to "+partition.Stream(stream, 0, 2)+")") ||
+		!strings.Contains(stderr, "1-1 is not in any of the 2 partitions' dead-letter streams") {
+		t.Fatalf("fraud dlq retry: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	code, stdout, stderr = run(t, env, "fraud", "dlq", "retry", "--all", "--key-prefix", prefix, "--stream", stream)
+	if code != exitOK || strings.TrimSpace(stdout) != "retried 1 dead letter (re-added to "+partition.Stream(stream, 1, 2)+")" {
+		t.Fatalf("fraud dlq retry --all: exit %d %q %s", code, stdout, stderr)
+	}
+	code, stdout, _ = run(t, env, "fraud", "dlq", "list", "--key-prefix", prefix)
+	if code != exitOK || strings.TrimSpace(stdout) != "no dead letters in the 2 partitions' dead-letter streams" {
+		t.Fatalf("fraud dlq list after the retries: exit %d %q", code, stdout)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,6 +21,7 @@ import (
 	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
 	outboxsql "github.com/tedbank/outbox/sql"
 	"github.com/tedbank/outbox/transfer"
@@ -99,6 +102,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
 	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
 	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")
+	partitions := partitionsFlag(e, fs, "split each stream into this many partition streams, by partition key (the sender account for TEDs)")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
 	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
@@ -119,6 +123,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout and --busy-pace not negative")
 	}
 	if cfg.MinReplicas, err = minReplicas(); err != nil {
+		return err
+	}
+	if cfg.Partitions, err = partitions(); err != nil {
 		return err
 	}
 	cfg.BusyPace = *busyPace
@@ -207,6 +214,8 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
 	fs.DurationVar(&cfg.Retention, "retention", fraud.DefaultRetention, "how long verdicts, daily sender totals and review alerts are kept (after the end of the settlement day); bounds Redis memory")
 	minReplicas := minReplicasFlag(e, fs, "acknowledge an entry only once this many Redis replicas have its effect (WAIT); unconfirmed entries stay pending and are retried")
+	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it; the group's consumers divide them among themselves")
+	fs.DurationVar(&cfg.PartitionLease, "partition-lease", fraud.DefaultPartitionLease, "how long this consumer's hold on a partition lasts unrenewed: a dead consumer's partitions move within it")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", time.Second, "longest wait for --min-replicas per batch")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
@@ -219,8 +228,11 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if cfg.MinReplicas, err = minReplicas(); err != nil {
 		return err
 	}
+	if cfg.Partitions, err = partitions(); err != nil {
+		return err
+	}
 	if cfg.BatchSize <= 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
-		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 || cfg.Retention <= 0 {
+		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 || cfg.Retention <= 0 || cfg.PartitionLease <= 0 {
 		return usagef("every numeric flag and duration must be positive")
 	}
 	cfg.Logger = log
@@ -231,7 +243,9 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if name == "" {
 		name = "default"
 	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-" + name})
+	// A worker per owned partition blocks a connection in XREADGROUP.
+	pool := max(10*runtime.GOMAXPROCS(0), cfg.Partitions+8)
+	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
 	if err != nil {
 		return err
 	}
@@ -244,7 +258,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	reg := metrics.NewRegistry()
 	if *metricsAddr != "" {
 		cfg.Metrics = fraud.NewMetrics(reg)
-		reg.MustRegister(fraud.NewGroupCollector(rdb, cfg.Stream, cfg.Group))
+		reg.MustRegister(fraud.NewGroupCollector(rdb, cfg.Stream, cfg.Group).WithPartitions(cfg.Partitions))
 	}
 	cons, err := fraud.New(rdb, cfg)
 	if err != nil {
@@ -265,8 +279,13 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 	var cfg fraud.Config
 	fs := e.flags("fraud report", &c)
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", fraud.DefaultKeyPrefix, "prefix of every key the consumer writes")
+	partitions := partitionsFlag(e, fs, "the partitions the consumers' state is split into (the report sums them)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	var err error
+	if cfg.Partitions, err = partitions(); err != nil {
 		return err
 	}
 	if _, err := c.logger(e.stderr); err != nil {
@@ -277,7 +296,7 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	rep, err := fraud.ReadReport(ctx, rdb, cfg.KeyPrefix)
+	rep, err := fraud.ReadReport(ctx, rdb, fraud.Keys{Prefix: cfg.KeyPrefix, Partitions: cfg.Partitions})
 	if err != nil {
 		return err
 	}
@@ -311,10 +330,27 @@ type Status struct {
 	GroupExists          bool    `json:"group_exists"`
 	DeadLetterStream     string  `json:"dead_letter_stream"`
 	DeadLettered         int64   `json:"dead_lettered"`
+	// With several partitions, the stream, group and dead-letter figures
+	// above are sums over the partitions, and ByPartition has each one.
+	Partitions  int               `json:"partitions"`
+	ByPartition []PartitionStatus `json:"by_partition"`
 	// PostgresError and RedisError say why a side could not be read (empty:
 	// it was read).
 	PostgresError string `json:"postgres_error,omitempty"`
 	RedisError    string `json:"redis_error,omitempty"`
+}
+
+// PartitionStatus is one partition's stream and group, and which consumer
+// of the group holds it.
+type PartitionStatus struct {
+	Partition    int    `json:"partition"`
+	Stream       string `json:"stream"`
+	StreamLength int64  `json:"stream_length"`
+	GroupPending int64  `json:"group_pending"`
+	GroupLag     int64  `json:"group_lag"`
+	GroupExists  bool   `json:"group_exists"`
+	Owner        string `json:"owner"` // the consumer holding its lease; empty: none
+	DeadLettered int64  `json:"dead_lettered"`
 }
 
 func runStatus(ctx context.Context, e *env, args []string) error {
@@ -323,8 +359,13 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	stream := fs.String("stream", fraud.DefaultStream, "stream to report on")
 	group := fs.String("group", fraud.DefaultGroup, "consumer group to report on")
 	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix (for its dead-letter stream)")
+	partitions := partitionsFlag(e, fs, "the partitions of the stream (figures are summed over them, and shown for each)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	nParts, err := partitions()
+	if err != nil {
 		return err
 	}
 	if err := (fraud.Config{Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
@@ -333,7 +374,8 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
-	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters()}
+	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters(), Partitions: nParts}
+	keys := fraud.Keys{Prefix: *keyPrefix, Partitions: nParts}
 	// Each side is read on its own: an operator needs the PostgreSQL backlog
 	// most when Redis is down, and the stream's state when PostgreSQL is.
 	pgErr := func() error {
@@ -350,7 +392,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer rdb.Close()
-		return readStreamStatus(ctx, rdb, &st)
+		return readStreamStatus(ctx, rdb, keys, &st)
 	}()
 	if pgErr != nil {
 		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
@@ -386,6 +428,18 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(w, "group    %s  not created yet\n", st.Group)
 	}
 	fmt.Fprintf(w, "dlq      %s  entries %d\n", st.DeadLetterStream, st.DeadLettered)
+	if st.Partitions > 1 {
+		for _, p := range st.ByPartition {
+			owner := p.Owner
+			if owner == "" {
+				owner = "(none)"
+			}
+			fmt.Fprintf(w, "  p%-4d  %s  length %d  pending %d  lag %d  dlq %d  owner %s\n",
+				p.Partition, p.Stream, p.StreamLength, p.GroupPending, p.GroupLag, p.DeadLettered, owner)
+		}
+	} else if len(st.ByPartition) == 1 && st.ByPartition[0].Owner != "" {
+		fmt.Fprintf(w, "owner    %s\n", st.ByPartition[0].Owner)
+	}
 }
 
 func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
@@ -401,28 +455,69 @@ func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error
 	return nil
 }
 
-func readStreamStatus(ctx context.Context, rdb *redis.Client, st *Status) error {
+func readStreamStatus(ctx context.Context, rdb *redis.Client, keys fraud.Keys, st *Status) error {
+	st.GroupExists = true
+	for p, k := range keys.Each() {
+		ps := PartitionStatus{Partition: p, Stream: partition.Stream(st.Stream, p, st.Partitions)}
+		if err := readPartitionStatus(ctx, rdb, k, st.Group, &ps); err != nil {
+			return err
+		}
+		st.ByPartition = append(st.ByPartition, ps)
+		st.StreamLength += ps.StreamLength
+		st.GroupPending += ps.GroupPending
+		st.GroupLag += ps.GroupLag
+		st.GroupExists = st.GroupExists && ps.GroupExists
+		st.DeadLettered += ps.DeadLettered
+	}
+	return nil
+}
+
+func readPartitionStatus(ctx context.Context, rdb *redis.Client, keys fraud.Keys, group string, ps *PartitionStatus) error {
 	var err error
-	if st.DeadLettered, err = rdb.XLen(ctx, st.DeadLetterStream).Result(); err != nil {
+	if ps.DeadLettered, err = rdb.XLen(ctx, keys.DeadLetters()).Result(); err != nil {
 		return fmt.Errorf("read dead-letter stream length: %w", err)
 	}
-	if st.StreamLength, err = rdb.XLen(ctx, st.Stream).Result(); err != nil {
+	if ps.StreamLength, err = rdb.XLen(ctx, ps.Stream).Result(); err != nil {
 		return fmt.Errorf("read stream length: %w", err)
 	}
-	groups, err := rdb.XInfoGroups(ctx, st.Stream).Result()
+	groups, err := rdb.XInfoGroups(ctx, ps.Stream).Result()
 	if err != nil && !isNoSuchKey(err) {
 		return fmt.Errorf("read consumer groups: %w", err)
 	}
 	for _, g := range groups {
-		if g.Name == st.Group {
-			st.GroupExists, st.GroupPending, st.GroupLag = true, g.Pending, g.Lag
+		if g.Name == group {
+			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, g.Lag
 		}
+	}
+	lease, err := rdb.Get(ctx, keys.Lease(group)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read the partition's lease: %w", err)
+	}
+	if _, holder, ok := strings.Cut(lease, "|"); ok {
+		ps.Owner, _, _ = strings.Cut(holder, "|")
 	}
 	return nil
 }
 
 func isNoSuchKey(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
+}
+
+// partitionsFlag defines --partitions, which defaults to OUTBOX_PARTITIONS
+// and then 1; the returned function checks the value after parsing.
+func partitionsFlag(e *env, fs *flag.FlagSet, usage string) func() (int, error) {
+	v := fs.String("partitions", e.getenv("OUTBOX_PARTITIONS"), usage+
+		" (env OUTBOX_PARTITIONS; default 1: one stream under its plain name); relays and consumers of a deployment must agree (docs/operations.md)")
+	return func() (int, error) {
+		if *v == "" {
+			return 1, nil
+		}
+		n, err := strconv.Atoi(*v)
+		if err != nil || partition.Validate(n) != nil {
+			return 0, usagef("--partitions %q (or OUTBOX_PARTITIONS): want a whole number from 1 to %d", *v, partition.Max)
+		}
+		return n, nil
+	}
 }
 
 // minReplicasFlag defines --min-replicas, defaulting to OUTBOX_MIN_REPLICAS;

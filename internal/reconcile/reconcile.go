@@ -238,7 +238,7 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 	for i, r := range rs {
 		ids[i] = *r.TransferID
 	}
-	vals, err := fraud.ReadVerdicts(ctx, rdb, keys.Prefix, ids)
+	vals, err := fraud.ReadVerdicts(ctx, rdb, keys, ids)
 	if err != nil {
 		return err
 	}
@@ -305,23 +305,32 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("read senders' transfers: %w", err)
 		}
-		days, err := rdb.ZRange(ctx, keys.Days(), 0, -1).Result()
-		if err != nil {
-			return nil, fmt.Errorf("read anti-fraud's days: %w", err)
+		var days []string
+		for _, k := range keys.Each() {
+			ds, err := rdb.ZRange(ctx, k.Days(), 0, -1).Result()
+			if err != nil {
+				return nil, fmt.Errorf("read anti-fraud's days: %w", err)
+			}
+			for _, d := range ds {
+				if !slices.Contains(days, d) {
+					days = append(days, d)
+				}
+			}
 		}
 		verdicts := map[string]*redis.SliceCmd{}
 		totals := map[string][]*redis.SliceCmd{}
 		_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			for _, acct := range senders {
+				ks := keys.Sender(acct)
 				ids := make([]string, len(byAccount[acct]))
 				for i, t := range byAccount[acct] {
-					ids[i] = keys.Verdict(t.id)
+					ids[i] = ks.Verdict(t.id)
 				}
 				if len(ids) > 0 {
 					verdicts[acct] = p.MGet(ctx, ids...)
 				}
 				for _, day := range days {
-					totals[acct] = append(totals[acct], p.HMGet(ctx, keys.DayAccount(day, acct), "sent_cents", "transfers"))
+					totals[acct] = append(totals[acct], p.HMGet(ctx, ks.DayAccount(day, acct), "sent_cents", "transfers"))
 				}
 			}
 			return nil

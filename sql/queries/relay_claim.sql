@@ -4,8 +4,9 @@
 -- concurrency (a plain IN (subquery) may be rescanned and lock more rows).
 -- SKIP LOCKED: concurrent relays take disjoint rows without waiting.
 -- NOT EXISTS: an event is claimable only when no older event of the same
--- aggregate is still unpublished, which keeps per-aggregate order across
--- relays, failures and backoff (a batch holds at most one event per aggregate).
+-- aggregate type and partition key (NULL: the aggregate id) is still
+-- unpublished, which keeps per-partition-key order across relays, failures
+-- and backoff (a batch holds at most one event per partition key).
 -- unpublished: the partial indexes' predicate (migration 0007).
 -- ctid: the picked rows are locked by this statement, so their row versions
 -- cannot change under it; a TID scan finds each again without an index probe.
@@ -19,7 +20,7 @@ WITH picked AS MATERIALIZED (
            SELECT 1
              FROM outbox_messages p
             WHERE p.aggregate_type = o.aggregate_type
-              AND p.aggregate_id = o.aggregate_id
+              AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
               AND p.seq < o.seq
               AND p.unpublished)
      ORDER BY o.seq
@@ -34,4 +35,5 @@ UPDATE outbox_messages o
   FROM picked
  WHERE o.ctid = picked.tid
 RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
-          o.payload, o.headers, o.attempts, o.created_at
+          o.payload, o.headers, o.attempts, o.created_at,
+          coalesce(o.partition_key, o.aggregate_id) AS partition_key

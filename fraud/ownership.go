@@ -1,0 +1,185 @@
+package fraud
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/partition"
+)
+
+// Partition ownership: the consumers of a group divide the stream's
+// partitions among themselves, and only a partition's owner applies its
+// events, one at a time in stream order, so that one sender's TEDs are judged
+// in the order they were settled, however many consumers run.
+//
+// Each consumer says it is alive in the group's members set (members.lua)
+// and wants the partitions p with p mod M = i, i being its place among the M
+// live members sorted by name. It holds each one with a lease
+// (Keys.Lease, lease.lua) that it renews every PartitionLease/4, and gives
+// back the ones it no longer wants (a member joined) after their worker has
+// stopped. A consumer that dies keeps its leases until they expire: its
+// partitions move within PartitionLease.
+//
+// The lease value is the fencing token: the effect script applies an event
+// only while the partition's lease still holds the value its consumer took,
+// so a consumer that stalled past its lease, or lost it to a rebalance, can
+// never apply an effect next to the new owner.
+
+var (
+	//go:embed lease.lua
+	leaseSrc string
+	//go:embed members.lua
+	membersSrc string
+
+	leaseScript   = redis.NewScript(leaseSrc)
+	membersScript = redis.NewScript(membersSrc)
+	// releaseScript deletes a lease only if it still holds the value given.
+	releaseScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+)
+
+// part is one partition of the consumed stream.
+type part struct {
+	n      int    // its number
+	stream string // its stream
+	keys   Keys   // the keys of its consumer state (one hash slot with the stream)
+}
+
+// parts lists the partitions of cfg's stream.
+func parts(cfg Config) []part {
+	keys := Keys{Prefix: cfg.KeyPrefix, Partitions: cfg.Partitions}.Each()
+	ps := make([]part, len(keys))
+	for p := range ps {
+		ps[p] = part{n: p, stream: partition.Stream(cfg.Stream, p, cfg.Partitions), keys: keys[p]}
+	}
+	return ps
+}
+
+// holder is how this process appears in its leases: its name and its
+// token, which tells it apart from an earlier process of the same name.
+func (c *Consumer) holder() string { return c.cfg.Consumer + "|" + c.token }
+
+// worker is a partition this consumer owns, and the goroutine applying it.
+type worker struct {
+	fence  string // the lease value it holds
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// own runs the ownership loop until ctx is cancelled, then stops every
+// worker and gives their leases back.
+func (c *Consumer) own(ctx context.Context) {
+	workers := map[int]*worker{}
+	stop := func(p int, release bool) {
+		w := workers[p]
+		w.cancel()
+		<-w.done
+		delete(workers, p)
+		if release {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			pt := c.parts[p]
+			if err := releaseScript.Run(rctx, c.rdb, []string{pt.keys.Lease(c.cfg.Group)}, w.fence).Err(); err != nil {
+				c.log.Warn("giving a partition back failed; it moves when its lease expires",
+					slog.Int("partition", p), slog.Any("error", err))
+			}
+		}
+	}
+	defer func() {
+		for p := range workers {
+			stop(p, true)
+		}
+	}()
+
+	tick := time.NewTicker(min(c.cfg.PartitionLease/4, c.nameLeaseTTL()/3))
+	defer tick.Stop()
+	var want []int
+	for {
+		c.renewName(ctx)
+		if members, err := c.members(ctx); err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("reading the group's members failed", slog.Any("error", err))
+			}
+		} else {
+			want = c.assigned(members)
+		}
+		for p := range workers {
+			if !slices.Contains(want, p) {
+				c.log.Info("partition handed over (rebalance)", slog.Int("partition", p))
+				stop(p, true)
+			}
+		}
+		for _, p := range want {
+			fence, err := c.lease(ctx, c.parts[p])
+			w := workers[p]
+			switch {
+			case err != nil:
+				// Redis trouble: the worker, if any, finds out by itself;
+				// a lease that runs out fences its effects.
+				if ctx.Err() == nil {
+					c.log.Warn("renewing a partition lease failed", slog.Int("partition", p), slog.Any("error", err))
+				}
+			case fence == "" && w != nil:
+				c.log.Error("partition lease lost (this consumer stalled past it?); stopping the partition",
+					slog.Int("partition", p))
+				stop(p, false)
+			case fence != "" && w != nil && w.fence != fence:
+				// Expired and taken again by this process: a new epoch.
+				stop(p, false)
+				fallthrough
+			case fence != "" && workers[p] == nil:
+				wctx, cancel := context.WithCancel(ctx)
+				w := &worker{fence: fence, cancel: cancel, done: make(chan struct{})}
+				workers[p] = w
+				c.log.Info("partition taken", slog.Int("partition", p), slog.String("lease", fence))
+				go func() {
+					defer close(w.done)
+					c.work(wctx, c.parts[p], fence)
+				}()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// members says this consumer is alive and returns the group's live members.
+func (c *Consumer) members(ctx context.Context) ([]string, error) {
+	ttl := c.cfg.PartitionLease.Milliseconds()
+	return membersScript.Run(ctx, c.rdb, []string{c.keys.Members(c.cfg.Group)}, c.cfg.Consumer, ttl).StringSlice()
+}
+
+// assigned returns the partitions this consumer should own among members.
+func (c *Consumer) assigned(members []string) []int {
+	i := slices.Index(members, c.cfg.Consumer)
+	if i < 0 {
+		return nil
+	}
+	var ps []int
+	for p := i; p < len(c.parts); p += len(members) {
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// lease takes or renews pt's lease and returns its value, or "" when
+// another consumer holds it.
+func (c *Consumer) lease(ctx context.Context, pt part) (string, error) {
+	v, err := leaseScript.Run(ctx, c.rdb, []string{pt.keys.Lease(c.cfg.Group), pt.keys.LeaseEpoch(c.cfg.Group)},
+		c.holder(), c.cfg.PartitionLease.Milliseconds()).Text()
+	if err == redis.Nil {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("partition %d lease: %w", pt.n, err)
+	}
+	return v, nil
+}
