@@ -70,7 +70,9 @@ type Config struct {
 	// have them, ReplicaTimeout at most (default 1s), and acknowledges the
 	// entries only then; otherwise they stay pending and are applied again
 	// (the dedupe marker makes that harmless where the effect survived). 0,
-	// the default, does not wait.
+	// the default, does not wait. On a Redis Cluster client each
+	// partition's effects are pipelined on a connection to the master
+	// serving its slot, and WAIT runs there.
 	MinReplicas    int
 	ReplicaTimeout time.Duration
 	// Retention is how long verdicts, the per-sender daily totals and the

@@ -85,8 +85,10 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("fraud config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.MinReplicas > 0 {
-		return nil, fmt.Errorf("fraud config: min replicas is not available with a cluster client yet")
+	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.Partitions < 2 {
+		// A partition's stream and state share a hash slot only under the
+		// partitions' hash tags; one partition keeps the plain key names.
+		return nil, fmt.Errorf("fraud config: on a Redis Cluster the stream must have at least 2 partitions (--partitions), so that each partition's keys share a hash slot")
 	}
 	return &Consumer{
 		cfg:   cfg,
@@ -427,8 +429,16 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 
 	if len(valid) > 0 {
 		var wait *redis.Cmd
+		node, err := c.pipelinerFor(ctx, f)
+		if err != nil {
+			for _, it := range valid {
+				it.span.RecordError(err)
+				it.span.End()
+			}
+			return err
+		}
 		run := func(items []item) error {
-			_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for i := range items {
 					items[i].cmd = effectScript.EvalSha(ctx, p, c.effectKeys(f, items[i].ev), c.effectArgs(f, items[i].ev)...)
 				}
@@ -481,6 +491,9 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 				if redis.HasErrorPrefix(err, "FENCED") {
 					err = fmt.Errorf("%w: %w", errFenced, err)
 				}
+				if cc, ok := c.rdb.(*redis.ClusterClient); ok && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+					cc.ReloadState(ctx) // the slot moved under the master's own connection
+				}
 				transient = fmt.Errorf("apply event %s (entry %s): %w", it.ev.EventID, it.msg.ID, err)
 				continue
 			}
@@ -522,6 +535,27 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 		c.invalid(ctx, f, m, badEr[i])
 	}
 	return transient
+}
+
+// pipeliner is what handle needs to apply a batch of effects.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// pipelinerFor returns where f's effects are pipelined: the client, or, on a
+// Redis Cluster with MinReplicas, a connection to the master serving f's
+// slot, so that the WAIT after the effects runs on the connection that wrote
+// them (on a cluster client it would go to any node).
+func (c *Consumer) pipelinerFor(ctx context.Context, f feed) (pipeliner, error) {
+	cc, ok := c.rdb.(*redis.ClusterClient)
+	if !ok || c.cfg.MinReplicas == 0 {
+		return c.rdb, nil
+	}
+	node, err := cc.MasterForKey(ctx, f.stream)
+	if err != nil {
+		return nil, fmt.Errorf("find the master of partition %d: %w", f.n, err)
+	}
+	return node, nil
 }
 
 // deliveries returns each entry's delivery count, for logs. New entries are

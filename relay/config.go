@@ -72,7 +72,8 @@ type Config struct {
 	// attempt, and the relay backs off as when Redis is down (a failover
 	// that promotes a replica without them cannot lose a published event;
 	// consumers dedupe the copies the retries add). 0, the default, does
-	// not wait. Not available on a cluster client yet.
+	// not wait. On a Redis Cluster client the relay pipelines each master's
+	// share of a batch on a connection to that master, and WAITs there.
 	MinReplicas int
 	// ReplicaTimeout bounds the WAIT (default min(1s, PublishTimeout/2)).
 	ReplicaTimeout time.Duration

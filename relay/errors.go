@@ -56,6 +56,9 @@ func brokerUnavailable(err error) bool {
 	if errors.As(err, &opErr) {
 		return true
 	}
+	if movedSlot(err) {
+		return true
+	}
 	for _, prefix := range []string{"OOM", "LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN",
 		"CLUSTERDOWN", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"} {
 		if redis.HasErrorPrefix(err, prefix) {
@@ -64,4 +67,13 @@ func brokerUnavailable(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "max number of clients")
+}
+
+// movedSlot reports whether err is a Redis Cluster redirection (MOVED, ASK):
+// the stream's slot is served elsewhere now, or is being migrated. A
+// cluster client follows them; a connection to one master (publishing with
+// MinReplicas on a cluster) reports them, and the entry is retried once the
+// client has reloaded the slot map.
+func movedSlot(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
 }

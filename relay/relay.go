@@ -122,9 +122,6 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.MinReplicas > 0 {
-		return nil, fmt.Errorf("relay config: min replicas is not available with a cluster client yet")
-	}
 	listenCfg := cfg.ListenConfig
 	if listenCfg == nil {
 		listenCfg = pool.Config().ConnConfig.Copy()
@@ -904,9 +901,80 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 	defer cancel()
 	cmds := make([]*redis.StringCmd, len(msgs))
 	spans := make([]trace.Span, len(msgs))
+	unconfirmed := make([]error, len(msgs))
+	all := make([]int, len(msgs))
+	for i := range all {
+		all[i] = i
+	}
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok && r.cfg.MinReplicas > 0 {
+		// WAIT counts the replicas that have the writes of its own
+		// connection, on one node: pipeline each master's share on a
+		// connection to that master, the masters side by side.
+		var wg sync.WaitGroup
+		for node, idx := range r.byMaster(ctx, cc, streams, unconfirmed) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.publishOn(ctx, node, idx, msgs, streams, cmds, spans, unconfirmed)
+			}()
+		}
+		wg.Wait()
+	} else {
+		r.publishOn(ctx, r.rdb, all, msgs, streams, cmds, spans, unconfirmed)
+	}
+	ids := make([]string, len(msgs))
+	errs := make([]error, len(msgs))
+	for i, c := range cmds {
+		if c == nil { // its master could not be found
+			errs[i] = unconfirmed[i]
+			continue
+		}
+		ids[i], errs[i] = c.Result()
+		if errs[i] == nil && unconfirmed[i] != nil {
+			errs[i] = unconfirmed[i]
+		}
+		if errs[i] != nil {
+			spans[i].RecordError(errs[i])
+			spans[i].SetStatus(codes.Error, errs[i].Error())
+		}
+		spans[i].End()
+	}
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(errs, movedSlot) {
+		cc.ReloadState(ctx) // a slot moved under a master's own connection
+	}
+	return ids, errs
+}
+
+// byMaster groups the indexes of streams by the master node serving each
+// stream's slot. An index whose master cannot be found gets its error in
+// errs and no group.
+func (r *Relay) byMaster(ctx context.Context, cc *redis.ClusterClient, streams []string, errs []error) map[Pipeliner][]int {
+	groups := map[Pipeliner][]int{}
+	nodes := map[string]*redis.Client{}
+	for i, s := range streams {
+		node, ok := nodes[s]
+		if !ok {
+			var err error
+			if node, err = cc.MasterForKey(ctx, s); err != nil {
+				errs[i] = fmt.Errorf("%w: find the master of %s: %w", errBrokerDown, s, err)
+				continue
+			}
+			nodes[s] = node
+		}
+		groups[node] = append(groups[node], i)
+	}
+	return groups
+}
+
+// publishOn XADDs the messages idx in one pipeline on rdb, followed, when
+// Config.MinReplicas is set, by a WAIT on the same connection; it fills cmds
+// and spans, and unconfirmed for each entry the replicas did not confirm.
+func (r *Relay) publishOn(ctx context.Context, rdb Pipeliner, idx []int, msgs []message, streams []string,
+	cmds []*redis.StringCmd, spans []trace.Span, unconfirmed []error) {
 	var wait *redis.Cmd
-	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, m := range msgs {
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range idx {
+			m := msgs[i]
 			// Continue the writer's trace; the entry carries this span on.
 			sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "outbox.publish",
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
@@ -940,28 +1008,18 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 		}
 		return nil
 	})
-	var unconfirmed error
-	if wait != nil {
-		if n, err := wait.Int64(); err != nil {
-			unconfirmed = fmt.Errorf("%w: %w: %w", errBrokerDown, errNotReplicated, err)
-		} else if n < int64(r.cfg.MinReplicas) {
-			unconfirmed = fmt.Errorf("%w: %w: %d of %d replicas within %s", errBrokerDown, errNotReplicated, n, r.cfg.MinReplicas, r.cfg.ReplicaTimeout)
-		}
+	if wait == nil {
+		return
 	}
-	ids := make([]string, len(msgs))
-	errs := make([]error, len(msgs))
-	for i, c := range cmds {
-		ids[i], errs[i] = c.Result()
-		if errs[i] == nil && unconfirmed != nil {
-			errs[i] = unconfirmed
-		}
-		if errs[i] != nil {
-			spans[i].RecordError(errs[i])
-			spans[i].SetStatus(codes.Error, errs[i].Error())
-		}
-		spans[i].End()
+	var err error
+	if n, werr := wait.Int64(); werr != nil {
+		err = fmt.Errorf("%w: %w: %w", errBrokerDown, errNotReplicated, werr)
+	} else if n < int64(r.cfg.MinReplicas) {
+		err = fmt.Errorf("%w: %w: %d of %d replicas within %s", errBrokerDown, errNotReplicated, n, r.cfg.MinReplicas, r.cfg.ReplicaTimeout)
 	}
-	return ids, errs
+	for _, i := range idx {
+		unconfirmed[i] = err
+	}
 }
 
 // Reap returns expired claims to pending and reports how many it returned.

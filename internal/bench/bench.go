@@ -82,19 +82,24 @@ type Result struct {
 
 // Env is where a scenario runs.
 type Env struct {
-	AdminURL string // a PostgreSQL URL allowed to create databases
-	Redis    *redis.Client
+	AdminURL string                // a PostgreSQL URL allowed to create databases
+	Redis    redis.UniversalClient // one Redis, or a Redis Cluster client
 	Log      *slog.Logger
 	// MinReplicas is the relay's and the consumer's (latency scenario).
 	MinReplicas int
+	// Partitions is the relays' and consumers' (drain, consume, latency,
+	// sustained); 0 means 1.
+	Partitions int
 }
+
+func (e Env) partitions() int { return max(e.Partitions, 1) }
 
 // space is one scenario's database and key prefix.
 type space struct {
 	pool   *pgxpool.Pool // the writers' (and the harness's)
 	prefix string
 	drop   func(context.Context) error
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	dbURL  string
 	extra  []*pgxpool.Pool
 }
@@ -150,10 +155,18 @@ func (s *space) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = s.drop(ctx)
-	iter := s.rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		s.rdb.Del(ctx, iter.Val())
+	del := func(ctx context.Context, rdb redis.Cmdable) error {
+		iter := rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		return iter.Err()
 	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return del(ctx, c) })
+		return
+	}
+	_ = del(ctx, s.rdb)
 }
 
 // backlog counts the rows not yet published (pending or publishing) with the

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -34,14 +35,15 @@ func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64) (
 	if n-dups < 1 {
 		return Result{}, fmt.Errorf("want at least one distinct event, not %d duplicates of %d", dups, n)
 	}
-	if err := preload(ctx, s.rdb, stream, n, dups); err != nil {
+	if err := preload(ctx, s.rdb, stream, e.partitions(), n, dups); err != nil {
 		return Result{}, fmt.Errorf("preload the stream: %w", err)
 	}
 
 	cs := make([]*fraud.Consumer, consumers)
 	for i := range cs {
 		if cs[i], err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:",
-			Consumer: fmt.Sprintf("bench-%d", i), BatchSize: batch, Block: 100 * time.Millisecond, Logger: e.Log}); err != nil {
+			Consumer: fmt.Sprintf("bench-%d", i), BatchSize: batch, Block: 100 * time.Millisecond, Logger: e.Log,
+			Partitions: e.partitions()}); err != nil {
 			return Result{}, err
 		}
 	}
@@ -67,11 +69,8 @@ func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64) (
 		}
 		// The counters move before the batch's XACK: done when nothing is
 		// left pending either.
-		if processed+duplicates >= int64(n) {
-			p, err := s.rdb.XPending(ctx, stream, cs[0].Config().Group).Result()
-			if err == nil && p.Count == 0 {
-				break
-			}
+		if processed+duplicates >= int64(n) && nonePending(ctx, s.rdb, stream, e.partitions(), cs[0].Config().Group) {
+			break
 		}
 		if err := ctx.Err(); err != nil {
 			return Result{}, err
@@ -80,7 +79,8 @@ func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64) (
 	}
 	took := time.Since(start)
 	res := Result{Scenario: "consume", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
-		Settings: map[string]any{"consumers": consumers, "batch": batch, "duplicate_fraction": dup, "distinct": n - dups}}
+		Settings: map[string]any{"consumers": consumers, "batch": batch, "duplicate_fraction": dup, "distinct": n - dups,
+			"partitions": e.partitions()}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()
@@ -91,14 +91,28 @@ func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64) (
 	return res, nil
 }
 
-// preload XADDs n entries, dups of them copies of an earlier entry's event.
-func preload(ctx context.Context, rdb *redis.Client, stream string, n, dups int) error {
+// nonePending reports whether the group has no entry pending in any
+// partition of stream.
+func nonePending(ctx context.Context, rdb redis.Cmdable, stream string, parts int, group string) bool {
+	for _, s := range partition.Streams(stream, parts) {
+		p, err := rdb.XPending(ctx, s, group).Result()
+		if err != nil || p.Count != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// preload XADDs n entries, dups of them copies of an earlier entry's event,
+// each to its sender's partition of stream.
+func preload(ctx context.Context, rdb redis.UniversalClient, stream string, parts, n, dups int) error {
 	isDup := make([]bool, n)
 	for _, i := range rand.Perm(n - 1)[:dups] {
 		isDup[i+1] = true // never the first
 	}
 	var (
-		events [][]any // earlier entries' values, for the duplicates
+		events [][]any  // earlier entries' values, for the duplicates
+		target []string // and the stream each went to
 		pipe   = rdb.Pipeline()
 		seq    int64
 	)
@@ -111,9 +125,13 @@ func preload(ctx context.Context, rdb *redis.Client, stream string, n, dups int)
 	}
 	now := time.Now().UTC()
 	for i := range n {
-		var values []any
+		var (
+			values []any
+			to     string
+		)
 		if isDup[i] {
-			values = events[rand.IntN(len(events))]
+			j := rand.IntN(len(events))
+			values, to = events[j], target[j]
 		} else {
 			seq++
 			from := rand.IntN(1000)
@@ -128,9 +146,10 @@ func preload(ctx context.Context, rdb *redis.Client, stream string, n, dups int)
 				"aggregate_type", transfer.AggregateType, "aggregate_id", ev.TransferID.String(),
 				"payload", payload, "headers", `{"schema_version":"1"}`,
 				"occurred_at", now.Format(time.RFC3339Nano), "seq", seq}
-			events = append(events, values)
+			to = partition.Stream(stream, partition.Of(ev.FromAccount, parts), parts)
+			events, target = append(events, values), append(target, to)
 		}
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: values})
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: to, Values: values})
 		if pipe.Len() == 500 {
 			if err := flush(); err != nil {
 				return err

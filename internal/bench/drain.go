@@ -32,9 +32,10 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 			return Result{}, fmt.Errorf("insert the published rows: %w", err)
 		}
 	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
+	// Partition key = sender, as transfer.SettleTx writes it: 1,000 senders.
+	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
 		SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
-		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g)
+		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g), 'acct-' || (g % 1000)
 		  FROM generate_series(1, $1::int) g`, n)
 	if err != nil {
 		return Result{}, fmt.Errorf("insert the backlog: %w", err)
@@ -53,7 +54,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 		}
 		if rs[i], err = relay.New(rp, s.rdb, relay.Config{
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
-			PollInterval: 50 * time.Millisecond, Logger: e.Log,
+			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(),
 		}); err != nil {
 			return Result{}, err
 		}
@@ -82,7 +83,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 	}
 	took := time.Since(start)
 	res := Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
-		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch}}
+		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch, "partitions": e.partitions()}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -45,12 +46,13 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas})
+	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas,
+		Partitions: e.partitions()})
 	if err != nil {
 		return nil, err
 	}
 	f.consumer, err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
-		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas,
+		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
 		OnProcessed: func(ev fraud.Event, outcome string) {
 			now := time.Now()
 			f.mu.Lock()
@@ -67,28 +69,11 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
 	if reader {
-		// Blocking XREAD from the start of the stream, matching event ids.
-		f.wg.Go(func() {
-			last := "0"
-			for f.ctx.Err() == nil {
-				res, err := s.rdb.XRead(f.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 1000, Block: 200 * time.Millisecond}).Result()
-				if err != nil || len(res) == 0 {
-					continue
-				}
-				now := time.Now()
-				f.mu.Lock()
-				for _, m := range res[0].Messages {
-					last = m.ID
-					raw, _ := m.Values["event_id"].(string)
-					if id, err := uuid.Parse(raw); err == nil {
-						if _, seen := f.inStream[id]; !seen {
-							f.inStream[id] = now
-						}
-					}
-				}
-				f.mu.Unlock()
-			}
-		})
+		// Blocking XREADs from the start of each partition's stream,
+		// matching event ids.
+		for _, stream := range partition.Streams(stream, e.partitions()) {
+			f.wg.Go(func() { f.read(s.rdb, stream) })
+		}
 	}
 	f.wg.Go(func() { _ = f.relay.Run(f.ctx) })
 	f.wg.Go(func() { _ = f.consumer.Run(f.ctx) })
@@ -215,3 +200,26 @@ func modeName(mode string) string {
 }
 
 var errNoEvents = errors.New("no TED was settled")
+
+// read records when each event first appears in stream.
+func (f *flow) read(rdb redis.Cmdable, stream string) {
+	last := "0"
+	for f.ctx.Err() == nil {
+		res, err := rdb.XRead(f.ctx, &redis.XReadArgs{Streams: []string{stream, last}, Count: 1000, Block: 200 * time.Millisecond}).Result()
+		if err != nil || len(res) == 0 {
+			continue
+		}
+		now := time.Now()
+		f.mu.Lock()
+		for _, m := range res[0].Messages {
+			last = m.ID
+			raw, _ := m.Values["event_id"].(string)
+			if id, err := uuid.Parse(raw); err == nil {
+				if _, seen := f.inStream[id]; !seen {
+					f.inStream[id] = now
+				}
+			}
+		}
+		f.mu.Unlock()
+	}
+}

@@ -268,7 +268,7 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	if err := checkNames(*prefix, ""); err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-dlq"})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-dlq"})
 	if err != nil {
 		return err
 	}
@@ -345,7 +345,7 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	if err := checkNames(*prefix, *stream); err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-dlq", NoRetries: true})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-dlq", NoRetries: true})
 	if err != nil {
 		return err
 	}

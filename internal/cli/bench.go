@@ -73,6 +73,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 	}
+	var partitions func() (int, error)
+	if scenario != "writers" {
+		partitions = partitionsFlag(e, fs, "the relays' and consumers' partitions")
+	}
 	if err := e.parse(fs, args[1:]); err != nil {
 		return err
 	}
@@ -101,6 +105,13 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--poll must be at least 1ms")
 	case minReplicas != nil && *minReplicas < 0:
 		return usagef("--min-replicas must not be negative")
+	}
+	nParts := 1
+	if partitions != nil {
+		var err error
+		if nParts, err = partitions(); err != nil {
+			return err
+		}
 	}
 	if mode != nil && *mode != "" && *mode != "off" && *mode != "always" && *mode != "idle" {
 		return usagef("--mode %q: want off, always or idle", *mode)
@@ -139,7 +150,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	pool.Close()
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-bench", NoRetries: true, PoolSize: 128})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-bench", NoRetries: true, PoolSize: 128})
 	if err != nil {
 		return err
 	}
@@ -148,6 +159,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if minReplicas != nil {
 		env.MinReplicas = *minReplicas
 	}
+	env.Partitions = nParts
 
 	one := func(r bench.Result, err error) ([]bench.Result, error) { return []bench.Result{r}, err }
 	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {

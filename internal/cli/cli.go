@@ -11,7 +11,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/connect"
 )
@@ -126,6 +129,26 @@ type common struct {
 	redisURL    string
 	logFormat   string
 	logLevel    string
+	// redisCluster selects a Redis Cluster client (--redis-cluster, env
+	// REDIS_CLUSTER); badClusterEnv is an REDIS_CLUSTER value that is not a
+	// boolean, refused by logger with the other common flags.
+	redisCluster  bool
+	badClusterEnv string
+}
+
+// redis connects to the Redis of c: a cluster client with --redis-cluster.
+func (c *common) redis(ctx context.Context, opt connect.RedisOptions) (redis.UniversalClient, error) {
+	opt.Cluster = c.redisCluster
+	return connect.RedisClient(ctx, c.redisURL, opt)
+}
+
+// singleRedis refuses --redis-cluster for a command that does not run on a
+// Redis Cluster yet.
+func (c *common) singleRedis(cmd string) error {
+	if c.redisCluster {
+		return usagef("outbox %s does not run on a Redis Cluster yet: give it a single Redis (without --redis-cluster)", cmd)
+	}
+	return nil
 }
 
 // isSet reports whether the command line gave flag name.
@@ -150,6 +173,12 @@ func (e *env) flags(name string, c *common) *flag.FlagSet {
 	if c != nil {
 		fs.StringVar(&c.databaseURL, "database-url", envOr(e.getenv, "DATABASE_URL", defaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
 		fs.StringVar(&c.redisURL, "redis-url", envOr(e.getenv, "REDIS_URL", defaultRedisURL), "Redis URL (env REDIS_URL)")
+		cluster, err := strconv.ParseBool(envOr(e.getenv, "REDIS_CLUSTER", "false"))
+		if err != nil {
+			c.badClusterEnv = e.getenv("REDIS_CLUSTER")
+		}
+		fs.BoolVar(&c.redisCluster, "redis-cluster", cluster,
+			"Redis is a Redis Cluster: --redis-url in the cluster form redis://host:port?addr=host2:port2&addr=... (env REDIS_CLUSTER=true)")
 		fs.StringVar(&c.logFormat, "log-format", envOr(e.getenv, "OUTBOX_LOG_FORMAT", "text"), "log format: text or json (env OUTBOX_LOG_FORMAT)")
 		fs.StringVar(&c.logLevel, "log-level", envOr(e.getenv, "OUTBOX_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env OUTBOX_LOG_LEVEL)")
 	}
@@ -175,6 +204,9 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 }
 
 func (c *common) logger(w io.Writer) (*slog.Logger, error) {
+	if c.badClusterEnv != "" {
+		return nil, usagef("REDIS_CLUSTER=%q: want true or false", c.badClusterEnv)
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", c.logLevel)

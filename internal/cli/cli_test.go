@@ -64,6 +64,29 @@ func TestMinReplicasFromTheEnvironment(t *testing.T) {
 	}
 }
 
+// OUTBOX_PARTITIONS and REDIS_CLUSTER are the defaults of --partitions and
+// --redis-cluster; a value that is not one is a usage error naming it, and
+// the commands that do not run on a cluster yet say so.
+func TestPartitionsAndClusterFromTheEnvironment(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"OUTBOX_PARTITIONS": "0"}, []string{"relay"}, "OUTBOX_PARTITIONS"},
+		{map[string]string{"OUTBOX_PARTITIONS": "many"}, []string{"fraud"}, "OUTBOX_PARTITIONS"},
+		{nil, []string{"status", "--partitions", "1025"}, "--partitions"},
+		{map[string]string{"REDIS_CLUSTER": "maybe"}, []string{"status"}, "REDIS_CLUSTER"},
+		{map[string]string{"REDIS_CLUSTER": "true"}, []string{"reconcile"}, "does not run on a Redis Cluster yet"},
+		{nil, []string{"demo", "--redis-cluster"}, "does not run on a Redis Cluster yet"},
+	} {
+		code, stdout, stderr := run(t, c.env, c.args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v %v: exit %d, stderr %q; want exit 2 naming %s", c.env, c.args, code, stderr, c.want)
+		}
+	}
+}
+
 func TestUnreachableServerIsOneClearLine(t *testing.T) {
 	env := map[string]string{
 		"DATABASE_URL": "postgres://app:s3cret-pw@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",

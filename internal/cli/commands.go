@@ -148,7 +148,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer connect.ClosePool(pool, 3*time.Second)
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
 	if err != nil {
 		return err
 	}
@@ -245,7 +245,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	}
 	// A worker per owned partition blocks a connection in XREADGROUP.
 	pool := max(10*runtime.GOMAXPROCS(0), cfg.Partitions+8)
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
 	if err != nil {
 		return err
 	}
@@ -291,7 +291,7 @@ func runFraudReport(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-fraud-report"})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-report"})
 	if err != nil {
 		return err
 	}
@@ -387,7 +387,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 		return readOutboxStatus(ctx, pool, &st)
 	}()
 	redisErr := func() error {
-		rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-status"})
+		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-status"})
 		if err != nil {
 			return err
 		}
@@ -455,7 +455,7 @@ func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error
 	return nil
 }
 
-func readStreamStatus(ctx context.Context, rdb *redis.Client, keys fraud.Keys, st *Status) error {
+func readStreamStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, st *Status) error {
 	st.GroupExists = true
 	for p, k := range keys.Each() {
 		ps := PartitionStatus{Partition: p, Stream: partition.Stream(st.Stream, p, st.Partitions)}
@@ -472,7 +472,7 @@ func readStreamStatus(ctx context.Context, rdb *redis.Client, keys fraud.Keys, s
 	return nil
 }
 
-func readPartitionStatus(ctx context.Context, rdb *redis.Client, keys fraud.Keys, group string, ps *PartitionStatus) error {
+func readPartitionStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, group string, ps *PartitionStatus) error {
 	var err error
 	if ps.DeadLettered, err = rdb.XLen(ctx, keys.DeadLetters()).Result(); err != nil {
 		return fmt.Errorf("read dead-letter stream length: %w", err)

@@ -28,6 +28,9 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := c.singleRedis("demo"); err != nil {
+		return err
+	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 	ownServers := !explicit["database-url"] && e.getenv("DATABASE_URL") == "" &&

@@ -30,6 +30,9 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
+	if err := c.singleRedis("reconcile"); err != nil {
+		return err
+	}
 	switch {
 	case time.Duration(since) <= 0:
 		return usagef("--since %s: must be positive", time.Duration(since))

@@ -103,6 +103,41 @@ type RedisOptions struct {
 	// whose reply was lost; the outbox retries instead.
 	NoRetries bool
 	PoolSize  int
+	// Cluster selects a Redis Cluster client: rawURL is then in go-redis's
+	// cluster URL form, redis://host:port?addr=host2:port2&addr=..., any
+	// nodes of the cluster (the client discovers the rest).
+	Cluster bool
+}
+
+// RedisClient opens a client to rawURL, a Redis Cluster client when
+// opt.Cluster is set, and checks that every master answers.
+func RedisClient(ctx context.Context, rawURL string, opt RedisOptions) (redis.UniversalClient, error) {
+	if !opt.Cluster {
+		return Redis(ctx, rawURL, opt)
+	}
+	o, err := redis.ParseClusterURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad Redis Cluster URL %s: %s (want redis://host:port?addr=host2:port2&addr=...)",
+			Redact(rawURL), redactErr(err, rawURL))
+	}
+	o.ClientName = opt.ClientName
+	o.ContextTimeoutEnabled = true
+	if opt.NoRetries {
+		o.MaxRetries = -1
+	}
+	if opt.PoolSize > 0 {
+		o.PoolSize = opt.PoolSize
+	}
+	rdb := redis.NewClusterClient(o)
+	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
+	defer cancel()
+	err = rdb.ForEachMaster(pctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+	if err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("cannot reach the Redis Cluster at %s: %s (is it running, and is --redis-url in the cluster form? set REDIS_URL or --redis-url)",
+			Redact(rawURL), redactErr(err, rawURL))
+	}
+	return rdb, nil
 }
 
 // Redis opens a client to rawURL and checks that the server answers.

@@ -1,0 +1,201 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/cli"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/testenv"
+	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// The outbox on a Redis Cluster of three masters and three replicas (local
+// redis-server processes, one cluster for all the subtests): relays and
+// consumers with four partitions, with and without replica acknowledgement,
+// and the admin commands.
+func TestOnRedisCluster(t *testing.T) {
+	cluster, err := testenv.LocalRedisCluster(t.Context(), testenv.Options{})
+	if err != nil {
+		t.Fatalf("start a Redis Cluster: %v", err)
+	}
+	t.Cleanup(func() { _ = cluster.Close() })
+	cc, err := cluster.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+
+	for _, minReplicas := range []int{0, 1} {
+		t.Run(fmt.Sprintf("min-replicas=%d", minReplicas), func(t *testing.T) {
+			f := newFixture(t)
+			f.partitions = 4
+			teds := f.runOnCluster(cc, minReplicas)
+			if minReplicas > 0 {
+				return
+			}
+			// The commands read the same deployment.
+			cmd := func(args ...string) []byte {
+				t.Helper()
+				c := f.outboxCmd("", args...)
+				c.Env = append(c.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "OUTBOX_PARTITIONS=4")
+				out, err := c.Output()
+				if err != nil {
+					t.Fatalf("outbox %v: %v\n%s", args, err, out)
+				}
+				return out
+			}
+			var st cli.Status
+			if err := json.Unmarshal(cmd("status", "--json", "--stream", f.stream(), "--key-prefix", f.keyPrefix()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.StreamLength != int64(len(teds)) || st.GroupPending != 0 || st.GroupLag != 0 || len(st.ByPartition) != 4 {
+				t.Fatalf("status on the cluster: %+v", st)
+			}
+			var rep fraud.Report
+			if err := json.Unmarshal(cmd("fraud", "report", "--json", "--key-prefix", f.keyPrefix()), &rep); err != nil || rep.Verdicts != int64(len(teds)) {
+				t.Fatalf("fraud report on the cluster: %+v (err %v)", rep, err)
+			}
+			if out := string(cmd("fraud", "dlq", "list", "--key-prefix", f.keyPrefix())); out != "no dead letters in the 4 partitions' dead-letter streams\n" {
+				t.Fatalf("fraud dlq list on the cluster: %q", out)
+			}
+			demo := f.outboxCmd("", "demo")
+			demo.Env = append(demo.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true")
+			if out, err := demo.CombinedOutput(); err == nil {
+				t.Fatalf("outbox demo on a cluster ran: %s", out)
+			}
+		})
+	}
+}
+
+// runOnCluster settles 200 TEDs of 20 senders while a relay and two
+// consumers run on the cluster with f.partitions partitions, and checks
+// that every TED was judged once, each sender's in commit order, with the
+// partitions spread over the masters.
+func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []transfer.Transfer {
+	t := f.t
+	t.Helper()
+	rcfg := f.relayConfig("r1")
+	rcfg.Partitions, rcfg.MinReplicas = f.partitions, minReplicas
+	r, err := relay.New(f.pool, cc, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.run(r.Run)
+	var (
+		mu      sync.Mutex
+		applied = map[string][]string{} // sender -> transfer ids, in the order applied
+	)
+	for _, name := range []string{"c1", "c2"} {
+		c, err := fraud.New(cc, fraud.Config{
+			Stream: f.stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, MinReplicas: minReplicas,
+			Block: 100 * time.Millisecond, PartitionLease: 2 * time.Second,
+			OnProcessed: func(ev fraud.Event, outcome string) {
+				if outcome != "duplicate" {
+					mu.Lock()
+					applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.TransferID.String())
+					mu.Unlock()
+				}
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.run(c.Run)
+	}
+
+	teds := make([]transfer.Transfer, 200)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(teds); i += 4 {
+				teds[i] = transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%02d", i%20), ToAccount: "acct-99", AmountCents: int64(100 + i)}
+				if _, err := transfer.Settle(f.ctx, f.pool, teds[i]); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	keys := f.keys()
+	outboxtest.Eventually(t, 30*time.Second, func() bool {
+		rep, err := fraud.ReadReport(f.ctx, cc, keys)
+		return err == nil && rep.Verdicts == int64(len(teds))
+	}, "not every TED judged on the cluster")
+
+	rep, err := fraud.ReadReport(f.ctx, cc, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]fraud.AccountTotals{}
+	for _, ted := range teds {
+		a := want[ted.FromAccount]
+		a.SentCents += ted.AmountCents
+		a.Transfers++
+		want[ted.FromAccount] = a
+	}
+	if fmt.Sprint(rep.Accounts) != fmt.Sprint(want) || rep.Verdicts != int64(len(teds)) {
+		t.Fatalf("report on the cluster: %d verdicts, totals %v; want %d, %v", rep.Verdicts, rep.Accounts, len(teds), want)
+	}
+	ids := make([]string, len(teds))
+	for i, ted := range teds {
+		ids[i] = ted.ID.String()
+	}
+	verdicts, err := fraud.ReadVerdicts(f.ctx, cc, keys, ids)
+	if err != nil || slices.Contains(verdicts, "") {
+		t.Fatalf("verdicts on the cluster: %v (err %v)", verdicts, err)
+	}
+
+	// Each sender's TEDs were applied in commit (seq) order.
+	rows, err := f.pool.Query(f.ctx, "SELECT aggregate_id FROM outbox_messages ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	order, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for sender, got := range applied {
+		var committed []string
+		for _, id := range order {
+			if slices.Contains(got, id) {
+				committed = append(committed, id)
+			}
+		}
+		if !slices.Equal(got, committed) {
+			t.Fatalf("sender %s: applied %v, committed %v", sender, got, committed)
+		}
+	}
+
+	// The partitions are spread over the masters.
+	masters := map[string]bool{}
+	for _, s := range partition.Streams(f.stream(), f.partitions) {
+		node, err := cc.MasterForKey(f.ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		masters[node.Options().Addr] = true
+	}
+	if len(masters) < 3 {
+		t.Fatalf("%d partitions on %d of the 3 masters", f.partitions, len(masters))
+	}
+	return teds
+}
+
+var _ = context.Background
