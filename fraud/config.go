@@ -255,6 +255,10 @@ func (k Keys) DayAccount(day, acct string) string {
 // Window is the sender's recent transfers, for the velocity rule.
 func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
 
+// Approved is the sender's recent transfers that are still approved: the
+// ones a transfer arriving late can send to review.
+func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acct }
+
 // Stats holds the lifetime counters of the report.
 func (k Keys) Stats() string { return k.Prefix + "stats" }
 

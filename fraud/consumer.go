@@ -628,7 +628,7 @@ func (c *Consumer) effectKeys(f feed, ev Event) []string {
 	return []string{
 		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
 		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
-		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(c.cfg.Group),
+		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(c.cfg.Group), k.Approved(ev.FromAccount),
 	}
 }
 

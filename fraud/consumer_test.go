@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,9 +200,21 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		{"bia", 20_000, base.Add(30 * time.Minute)},             // 110k: review
 		{"ana", 30_000, base.Add(95 * time.Minute)},             // 80k in its hour
 		{"ana", 25_000, base.Add(99*time.Minute + time.Second)}, // 105k: review
+		// Settled at one instant (one transaction): each one's window
+		// holds all three, 120k: all three go to review, whatever
+		// order they arrive in.
+		{"caio", 40_000, base.Add(50 * time.Minute)},
+		{"caio", 40_000, base.Add(50 * time.Minute)},
+		{"caio", 40_000, base.Add(50 * time.Minute)},
 	}
-	want := []string{"approve", "approve", "review", "approve", "approve", "review", "approve", "review"}
-	orders := [][]int{{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}}
+	want := []string{"approve", "approve", "review", "approve", "approve", "review", "approve", "review", "review", "review", "review"}
+	inOrder := make([]int, len(teds))
+	for i := range inOrder {
+		inOrder[i] = i
+	}
+	reversed := slices.Clone(inOrder)
+	slices.Reverse(reversed)
+	orders := [][]int{inOrder, reversed}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 8 {
 		orders = append(orders, rng.Perm(len(teds)))
@@ -245,8 +258,8 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(alerts) != 3 || rep.Reviews != 3 || rep.Verdicts != int64(len(teds)) {
-			t.Errorf("arrival order %v: %d alerts, %d reviews counted, %d effects; want 3, 3, %d", order, len(alerts), rep.Reviews, rep.Verdicts, len(teds))
+		if len(alerts) != 6 || rep.Reviews != 6 || rep.Verdicts != int64(len(teds)) {
+			t.Errorf("arrival order %v: %d alerts, %d reviews counted, %d effects; want 6, 6, %d", order, len(alerts), rep.Reviews, rep.Verdicts, len(teds))
 		}
 	}
 }

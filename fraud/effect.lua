@@ -15,6 +15,8 @@
 -- KEYS[5] days index zset       KEYS[6] sender window zset
 -- KEYS[7] stats hash            KEYS[8] alerts stream
 -- KEYS[9] the partition's lease (ownership.go)
+-- KEYS[10] the sender's approved transfers in the window (zset, as KEYS[6]):
+--          the only ones a late arrival can still send to review
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -84,9 +86,18 @@ elseif total > limit then
   verdict, reason = 'review', 'velocity'
 end
 
--- Transfers settled in [at, at + window) that arrived before this one:
--- their windows include it. Read before this transfer joins the window.
-local later = redis.call('ZRANGEBYSCORE', KEYS[6], at, '(' .. (at + window), 'WITHSCORES')
+-- Approved transfers settled in [at, at + window) that arrived before this
+-- one: their windows include it, so it may push them over the limit. Only
+-- approved ones can change, and they are kept apart (KEYS[10]). Read
+-- before this transfer joins. Those settled at this very instant (a payroll
+-- settled in one transaction shares one) have this transfer's window total,
+-- so they matter only when it is over the limit; the ones after it are none
+-- at all when transfers arrive in order, the usual case.
+local ties = {}
+if total > limit then
+  ties = redis.call('ZRANGEBYSCORE', KEYS[10], at, at)
+end
+local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
 
 -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
 if expireAt > 0 then
@@ -96,12 +107,18 @@ if expireAt > 0 then
   redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
 end
-redis.call('ZADD', KEYS[6], at, ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3])
+local member = ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+redis.call('ZADD', KEYS[6], at, member)
+if verdict == 'approve' then
+  redis.call('ZADD', KEYS[10], at, member)
+end
 -- Forget transfers older than the newest one seen minus two windows: events
 -- of one sender can arrive up to a window late and still be judged right.
 local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (newest - 2 * window))
+redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', '(' .. (newest - 2 * window))
 redis.call('PEXPIRE', KEYS[6], ARGV[16])
+redis.call('PEXPIRE', KEYS[10], ARGV[16])
 -- Then the counters, which must happen once.
 if expireAt > 0 then
   redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
@@ -116,21 +133,48 @@ if verdict == 'review' then
     'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
     'window_total_cents', string.format('%d', total), 'reason', reason)
 end
--- Later transfers that this one pushes over the limit go to review.
+-- Later transfers that this one pushes over the limit go to review (and
+-- leave the approved set: they can change no more). Their window totals,
+-- now with this transfer, come from one sorted read of the sender's window
+-- around them and one pass of a sliding sum: linear in the window, however
+-- many candidates (a payroll settled in one transaction: thousands of
+-- transfers at one instant, all approved while under the limit).
 local revised = 0
-for i = 1, #later, 2 do
-  local lamount, levent, ltransfer = string.match(later[i], '^(%d+):([^:]+):(.+)$')
-  local vkey = ltransfer and (ARGV[18] .. ltransfer)
-  if vkey and redis.call('GET', vkey) == 'approve' then
-    local ltotal = windowTotal(tonumber(later[i + 1]))
-    if ltotal > limit then
-      redis.call('SET', vkey, 'review', 'KEEPTTL')
-      redis.call('HINCRBY', KEYS[7], 'reviews', 1)
-      redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-        'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
-        'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
-        'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
-      revised = revised + 1
+local function revise(lmember, ltotal)
+  local lamount, levent, ltransfer = string.match(lmember, '^(%d+):([^:]+):(.+)$')
+  if not ltransfer then
+    return
+  end
+  redis.call('ZREM', KEYS[10], lmember)
+  local vkey = ARGV[18] .. ltransfer
+  if redis.call('GET', vkey) == 'approve' then
+    redis.call('SET', vkey, 'review', 'KEEPTTL')
+    redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+    redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
+      'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
+      'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
+      'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
+    revised = revised + 1
+  end
+end
+for _, m in ipairs(ties) do
+  revise(m, total)
+end
+if #later > 0 then
+  local span = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), '(' .. (at + window), 'WITHSCORES')
+  local lo, hi, sum = 1, 1, 0 -- span[lo..hi) (pairs) is the current window
+  for i = 1, #later, 2 do
+    local lscore = tonumber(later[i + 1])
+    while hi <= #span and tonumber(span[hi + 1]) <= lscore do
+      sum = sum + tonumber(string.match(span[hi], '^(%d+):'))
+      hi = hi + 2
+    end
+    while lo < hi and tonumber(span[lo + 1]) <= lscore - window do
+      sum = sum - tonumber(string.match(span[lo], '^(%d+):'))
+      lo = lo + 2
+    end
+    if sum > limit then
+      revise(later[i], sum)
     end
   end
 end
