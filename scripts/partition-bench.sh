@@ -14,9 +14,16 @@ old=${OLD:?set OLD to the outbox binary of the build to compare with}
 cluster_url=$(scripts/redis-cluster.sh start 7100)
 trap 'scripts/redis-cluster.sh stop 7100' EXIT
 
-run() { # label, binary, args...
+run() { # label, binary, args...: one JSON line, or one with the error
   local label=$1 bin=$2; shift 2
-  "$bin" bench "$@" --json 2>/dev/null | sed "s/^{/{\"label\":\"$label\",/"
+  local out err
+  err=$(mktemp)
+  if out=$("$bin" bench "$@" --json 2>"$err"); then
+    echo "$out" | sed "s/^{/{\"label\":\"$label\",/"
+  else
+    printf '{"label":"%s","args":"%s","error":"%s"}\n' "$label" "$*" "$(tail -1 "$err" | tr -d '"\\')"
+  fi
+  rm -f "$err"
 }
 for k in 1 2; do
   run "old" "$old" drain --n 200000 --relays $k

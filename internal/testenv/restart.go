@@ -121,13 +121,25 @@ func (s *Server) Start(ctx context.Context) error {
 		_ = f.Close()
 	}
 	l.opt.logf("testenv: restarting local "+l.srv.name, "port", l.port, "dir", l.srv.dir)
-	p, err := startProcess(l.srv.bin, l.srv.args(l.port), l.srv.dir, logPath, l.srv.owner, true)
-	if err != nil {
-		return err
-	}
-	if err := waitReady(ctx, p.done, func(ctx context.Context) error { return l.srv.ping(ctx, l.url) }); err != nil {
+	// A server that exits at once is started again, a few times: right after
+	// a SIGKILL of its predecessor's process group the kernel may still be
+	// releasing what it held (its shared memory, its lock file's process).
+	var p *process
+	for attempt := 1; ; attempt++ {
+		if p, err = startProcess(l.srv.bin, l.srv.args(l.port), l.srv.dir, logPath, l.srv.owner, true); err != nil {
+			return err
+		}
+		err = waitReady(ctx, p.done, func(ctx context.Context) error { return l.srv.ping(ctx, l.url) })
+		if err == nil {
+			break
+		}
+		exitedEarly := p.exited() // it ended by itself, rather than not answering
 		p.stop(syscall.SIGKILL)
-		return fmt.Errorf("restart %s on port %d: %w\n%s", l.srv.name, l.port, err, p.logTail())
+		if !exitedEarly || attempt == 3 || ctx.Err() != nil {
+			return fmt.Errorf("restart %s on port %d: %w\n%s", l.srv.name, l.port, err, p.logTail())
+		}
+		l.opt.logf("testenv: local "+l.srv.name+" exited while starting; starting it again", "attempt", attempt, "error", err)
+		time.Sleep(time.Duration(attempt) * 300 * time.Millisecond)
 	}
 	l.proc = p
 	l.opt.logf("testenv: local "+l.srv.name+" ready again", "url", l.url)
