@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -141,13 +140,7 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]fraud.AccountTotals{}
-	for _, ted := range teds {
-		a := want[ted.FromAccount]
-		a.SentCents += ted.AmountCents
-		a.Transfers++
-		want[ted.FromAccount] = a
-	}
+	want := senderTotals(teds)
 	if fmt.Sprint(rep.Accounts) != fmt.Sprint(want) || rep.Verdicts != int64(len(teds)) {
 		t.Fatalf("report on the cluster: %d verdicts, totals %v; want %d, %v", rep.Verdicts, rep.Accounts, len(teds), want)
 	}
@@ -197,5 +190,3 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 	}
 	return teds
 }
-
-var _ = context.Background

@@ -18,7 +18,6 @@ import (
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
-	"github.com/tedbank/outbox/transfer"
 )
 
 // Every outbox row has a partition key: the one given, or the aggregate id
@@ -120,21 +119,7 @@ func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
 		}
 	}
 
-	flaky := &flakyRedis{Client: f.rdb.Client, failRate: 0.3}
-	for i := range 4 {
-		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
-		cfg.Partitions = parts
-		cfg.BatchSize = 7
-		cfg.PollInterval = 5 * time.Millisecond
-		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
-		f.run(f.newRelay(cfg, flaky).Run)
-	}
-	outboxtest.Eventually(t, 60*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == keys*perKey
-	}, "not every event was published")
-	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
-		t.Fatal("no publish failed; the test did not exercise retries")
-	}
+	f.publishThroughFlakyRelays(parts, keys*perKey)
 
 	next, seen := map[string]int{}, 0
 	for p, stream := range partition.Streams(f.streamPrefix()+"payment", parts) {
@@ -289,20 +274,7 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 		t.Fatalf("settle: %v\n%s", err, out)
 	}
 	outboxtest.Eventually(t, 30*time.Second, func() bool { return f.report().Verdicts == 300 }, "not every TED judged\n%s", &logs)
-	// In commit order: seq order per sender (settled_at is the time each
-	// transaction began, and a sender's later writer may begin first).
-	rows, err := f.pool.Query(f.ctx, `SELECT t.id, t.from_account, t.to_account, t.amount_cents
-		FROM transfers t JOIN outbox_messages o ON o.aggregate_id = t.id::text ORDER BY o.seq`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	teds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (transfer.Transfer, error) {
-		var t transfer.Transfer
-		return t, r.Scan(&t.ID, &t.FromAccount, &t.ToAccount, &t.AmountCents)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	teds := f.settled() // in commit order
 	f.checkEffectsOnce(teds)
 
 	// Each sender's TEDs sit in its partition's stream in settled order.

@@ -193,6 +193,38 @@ func (f *fixture) report() fraud.Report {
 	return rep
 }
 
+// settled reads every settled transfer, in commit order (the seq of its
+// event: settled_at is when each transaction began, and a sender's later
+// writer may begin first).
+func (f *fixture) settled() []transfer.Transfer {
+	f.t.Helper()
+	rows, err := f.pool.Query(f.ctx, `SELECT t.id, t.from_account, t.to_account, t.amount_cents
+		FROM transfers t JOIN outbox_messages o ON o.aggregate_id = t.id::text ORDER BY o.seq`)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	teds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (transfer.Transfer, error) {
+		var t transfer.Transfer
+		return t, r.Scan(&t.ID, &t.FromAccount, &t.ToAccount, &t.AmountCents)
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return teds
+}
+
+// senderTotals sums the TEDs per sender, as anti-fraud's report should.
+func senderTotals(teds []transfer.Transfer) map[string]fraud.AccountTotals {
+	want := map[string]fraud.AccountTotals{}
+	for _, t := range teds {
+		a := want[t.FromAccount]
+		a.SentCents += t.AmountCents
+		a.Transfers++
+		want[t.FromAccount] = a
+	}
+	return want
+}
+
 // checkEffectsOnce asserts anti-fraud holds exactly one verdict per transfer
 // and totals equal to the sums over the transfers table.
 func (f *fixture) checkEffectsOnce(teds []transfer.Transfer) {
@@ -201,13 +233,7 @@ func (f *fixture) checkEffectsOnce(teds []transfer.Transfer) {
 	if rep.Verdicts != int64(len(teds)) {
 		f.t.Errorf("verdicts = %d, want %d (one per transfer)", rep.Verdicts, len(teds))
 	}
-	want := map[string]fraud.AccountTotals{}
-	for _, t := range teds {
-		a := want[t.FromAccount]
-		a.SentCents += t.AmountCents
-		a.Transfers++
-		want[t.FromAccount] = a
-	}
+	want := senderTotals(teds)
 	for acct, w := range want {
 		if got := rep.Accounts[acct]; got != w {
 			f.t.Errorf("account %s totals = %+v, want %+v", acct, got, w)
@@ -612,6 +638,29 @@ func (p flakyPipe) XAdd(ctx context.Context, a *redis.XAddArgs) *redis.StringCmd
 	return p.Pipeliner.XAdd(ctx, a)
 }
 
+// publishThroughFlakyRelays runs four relays with the given partitions,
+// small batches and fast backoff through a Redis that fails 30 % of the
+// XADDs, until all total events are published, and checks that some publish
+// did fail (so that retries were exercised).
+func (f *fixture) publishThroughFlakyRelays(partitions, total int) {
+	f.t.Helper()
+	flaky := &flakyRedis{Client: f.rdb.Client, failRate: 0.3}
+	for i := range 4 {
+		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
+		cfg.Partitions = partitions
+		cfg.BatchSize = 7
+		cfg.PollInterval = 5 * time.Millisecond
+		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
+		f.run(f.newRelay(cfg, flaky).Run)
+	}
+	outboxtest.Eventually(f.t, 60*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == total
+	}, "not every event was published")
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
+		f.t.Fatal("no publish failed; the test did not exercise retries")
+	}
+}
+
 // Events of one aggregate reach the stream in the order they were written,
 // with four relays, random publish failures and backoff in between.
 func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
@@ -635,21 +684,8 @@ func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
 		}
 	}
 
-	flaky := &flakyRedis{Client: f.rdb.Client, failRate: 0.3}
-	for i := range 4 {
-		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
-		cfg.BatchSize = 7
-		cfg.PollInterval = 5 * time.Millisecond
-		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
-		f.run(f.newRelay(cfg, flaky).Run)
-	}
 	total := aggregates * perAggregate
-	outboxtest.Eventually(t, 60*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == total
-	}, "not every event was published")
-	if n := f.count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
-		t.Fatal("no publish failed; the test did not exercise retries")
-	}
+	f.publishThroughFlakyRelays(1, total)
 
 	msgs, err := f.rdb.XRange(f.ctx, f.streamPrefix()+"account", "-", "+").Result()
 	if err != nil {
@@ -954,18 +990,7 @@ func TestEndToEndWithCommands(t *testing.T) {
 	}
 	outboxtest.Eventually(t, 20*time.Second, func() bool { return f.report().Verdicts == 300 }, "not every TED judged")
 
-	rows, err := f.pool.Query(f.ctx, "SELECT id, from_account, to_account, amount_cents FROM transfers")
-	if err != nil {
-		t.Fatal(err)
-	}
-	teds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (transfer.Transfer, error) {
-		var t transfer.Transfer
-		return t, r.Scan(&t.ID, &t.FromAccount, &t.ToAccount, &t.AmountCents)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.checkEffectsOnce(teds)
+	f.checkEffectsOnce(f.settled())
 	if code, body := get(t, "http://"+relayMetrics+"/readyz"); code != 200 {
 		t.Fatalf("relay /readyz: %d %s", code, body)
 	}
