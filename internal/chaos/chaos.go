@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -103,9 +104,13 @@ var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-
 // only after four quiet polls and a ping (about 25s); the poll delivers
 // meanwhile, and the stranded analysis counts that time as the fault's.
 // Debug logs: the analysis reads when each relay's LISTEN is up ("listening").
+//
+// Two partitions: each of the two consumers owns one, so a fault on either
+// hits a consumer at work, and a killed one's partition moves (to the
+// other, or back to it when it is restarted under its name).
 var (
-	relayArgs = []string{"--lease", "5s", "--log-level", "debug"}
-	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s"}
+	relayArgs = []string{"--lease", "5s", "--log-level", "debug", "--partitions", strconv.Itoa(partitions)}
+	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s", "--partitions", strconv.Itoa(partitions)}
 )
 
 // FaultRecord is one injected fault.

@@ -543,7 +543,7 @@ func (r *run) waitRecovery(ctx context.Context, rec FaultRecord) time.Duration {
 		}
 		time.Sleep(50 * time.Millisecond)
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		vals, err := fraud.ReadVerdicts(cctx, r.rdb, fraud.Keys{Prefix: keyPrefix}, unjudged)
+		vals, err := fraud.ReadVerdicts(cctx, r.rdb, fraudKeys, unjudged)
 		cancel()
 		if err != nil {
 			continue
@@ -579,7 +579,7 @@ func (r *run) unjudged(ctx context.Context) ([]string, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	verdicts, err := fraud.ReadVerdicts(ctx, r.rdb, fraud.Keys{Prefix: keyPrefix}, ids)
+	verdicts, err := fraud.ReadVerdicts(ctx, r.rdb, fraudKeys, ids)
 	if err != nil {
 		return nil, err
 	}

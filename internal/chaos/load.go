@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/fraud"
 )
 
 // settleLoop runs `outbox settle` directly against PostgreSQL until the
@@ -278,9 +277,13 @@ func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
 // verdictCount is how many effects anti-fraud applied (its stats counter;
 // verify checks it against the verdicts themselves).
 func (r *run) verdictCount(ctx context.Context) (int, error) {
-	n, err := r.rdb.HGet(ctx, fraud.Keys{Prefix: keyPrefix}.Stats(), "verdicts").Int()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
+	total := 0
+	for _, k := range fraudKeys.Each() {
+		n, err := r.rdb.HGet(ctx, k.Stats(), "verdicts").Int()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return 0, err
+		}
+		total += n
 	}
-	return n, err
+	return total, nil
 }

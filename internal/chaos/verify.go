@@ -2,19 +2,27 @@ package chaos
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/partition"
 )
 
 const (
 	stream    = fraud.DefaultStream
 	group     = fraud.DefaultGroup
 	keyPrefix = fraud.DefaultKeyPrefix
+	// partitions is the relays' and consumers' --partitions.
+	partitions = 2
+)
+
+// fraudKeys names anti-fraud's keys, in every partition.
+var fraudKeys = fraud.Keys{Prefix: keyPrefix, Partitions: partitions}
+
+const (
 	// drainLimit bounds the wait for the pipeline to drain after the load.
 	drainLimit = 3 * time.Minute
 )
@@ -44,23 +52,28 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 	if s.verdicts, err = r.verdictCount(ctx); err != nil {
 		return s, err
 	}
-	pend, err := r.rdb.XPending(ctx, stream, group).Result()
-	if err != nil {
-		return s, err
-	}
-	s.groupPending = pend.Count
-	info, err := r.rdb.XInfoStream(ctx, stream).Result()
-	if err != nil {
-		return s, err
-	}
-	groups, err := r.rdb.XInfoGroups(ctx, stream).Result()
-	if err != nil {
-		return s, err
-	}
-	for _, g := range groups {
-		if g.Name == group {
-			s.delivered = g.LastDeliveredID == info.LastGeneratedID
+	s.delivered = true
+	for _, stream := range partition.Streams(stream, partitions) {
+		pend, err := r.rdb.XPending(ctx, stream, group).Result()
+		if err != nil {
+			return s, err
 		}
+		s.groupPending += pend.Count
+		info, err := r.rdb.XInfoStream(ctx, stream).Result()
+		if err != nil {
+			return s, err
+		}
+		groups, err := r.rdb.XInfoGroups(ctx, stream).Result()
+		if err != nil {
+			return s, err
+		}
+		delivered := false
+		for _, g := range groups {
+			if g.Name == group {
+				delivered = g.LastDeliveredID == info.LastGeneratedID
+			}
+		}
+		s.delivered = s.delivered && delivered
 	}
 	return s, nil
 }
@@ -166,25 +179,27 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	// The stream: every event is in it (duplicates allowed: at least once).
 	inStream := map[string]int{}
 	entries := 0
-	start := "-"
-	for {
-		msgs, err := r.rdb.XRangeN(ctx, stream, start, "+", 1000).Result()
-		if err != nil {
-			r.problem("read stream: %v", err)
-			return
-		}
-		for _, m := range msgs {
-			id, _ := m.Values["event_id"].(string)
-			inStream[id]++
-			if _, ok := r.firstEntry[id]; !ok {
-				r.firstEntry[id] = m.ID // XRANGE is in id order
+	for _, stream := range partition.Streams(stream, partitions) {
+		start := "-"
+		for {
+			msgs, err := r.rdb.XRangeN(ctx, stream, start, "+", 1000).Result()
+			if err != nil {
+				r.problem("read stream: %v", err)
+				return
 			}
-			entries++
+			for _, m := range msgs {
+				id, _ := m.Values["event_id"].(string)
+				inStream[id]++
+				if _, ok := r.firstEntry[id]; !ok {
+					r.firstEntry[id] = m.ID // XRANGE is in id order, and an event has one partition
+				}
+				entries++
+			}
+			if len(msgs) < 1000 {
+				break
+			}
+			start = "(" + msgs[len(msgs)-1].ID
 		}
-		if len(msgs) < 1000 {
-			break
-		}
-		start = "(" + msgs[len(msgs)-1].ID
 	}
 	missing, foreign := 0, 0
 	for id := range eventIDs {
@@ -226,15 +241,19 @@ func (r *run) verify(ctx context.Context, res *Result) {
 			reviews++
 		}
 	}
-	rep, err := fraud.ReadReport(ctx, r.rdb, fraud.Keys{Prefix: keyPrefix})
+	rep, err := fraud.ReadReport(ctx, r.rdb, fraudKeys)
 	if err != nil {
 		r.problem("read fraud report: %v", err)
 		return
 	}
 	doubled := max(0, int(rep.Verdicts)-len(verdicts)) + multiEvent
-	alerts, err := r.rdb.XRange(ctx, keyPrefix+"alerts", "-", "+").Result()
-	if err != nil {
-		r.problem("read alerts: %v", err)
+	var alerts []redis.XMessage
+	for _, k := range fraudKeys.Each() {
+		as, err := r.rdb.XRange(ctx, k.Alerts(), "-", "+").Result()
+		if err != nil {
+			r.problem("read alerts: %v", err)
+		}
+		alerts = append(alerts, as...)
 	}
 	alertsOf := map[string]int{}
 	for _, a := range alerts {
@@ -292,45 +311,52 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	}
 
 	// Nothing left pending or dead-lettered; every dedupe marker present.
-	if pend, err := r.rdb.XPending(ctx, stream, group).Result(); err != nil {
-		r.problem("XPENDING: %v", err)
-	} else if pend.Count != 0 {
-		r.problem("consumer group %s has %d entries pending: %v", group, pend.Count, pend.Consumers)
-	}
-	if n, err := r.rdb.XLen(ctx, keyPrefix+"dlq").Result(); err != nil || n != 0 {
-		r.problem("dead-letter stream: %d entries (err %v)", n, err)
+	for _, stream := range partition.Streams(stream, partitions) {
+		if pend, err := r.rdb.XPending(ctx, stream, group).Result(); err != nil {
+			r.problem("XPENDING: %v", err)
+		} else if pend.Count != 0 {
+			r.problem("consumer group %s has %d entries pending in %s: %v", group, pend.Count, stream, pend.Consumers)
+		}
 	}
 	markers := 0
-	iter := r.rdb.Scan(ctx, 0, keyPrefix+"seen:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		markers++
+	for _, k := range fraudKeys.Each() {
+		if n, err := r.rdb.XLen(ctx, k.DeadLetters()).Result(); err != nil || n != 0 {
+			r.problem("dead-letter stream %s: %d entries (err %v)", k.DeadLetters(), n, err)
+		}
+		iter := r.rdb.Scan(ctx, 0, k.Seen("")+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			markers++
+		}
+		if err := iter.Err(); err != nil && err != redis.Nil {
+			r.problem("scan dedupe markers: %v", err)
+		}
 	}
-	if err := iter.Err(); err != nil && err != redis.Nil {
-		r.problem("scan dedupe markers: %v", err)
-	} else if markers != len(eventIDs) {
+	if markers != len(eventIDs) {
 		r.problem("%d dedupe markers for %d events", markers, len(eventIDs))
 	}
-	r.detail("stream %s holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
-		stream, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+	r.detail("stream %s (%d partitions) holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
+		stream, partitions, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
 }
 
 // verdicts reads every verdict key, by transfer id, with its expiry: each
 // must expire with its day's totals (fraud.DayExpiry), never be kept
 // forever.
 func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
-	keys := fraud.Keys{Prefix: keyPrefix}
-	prefix := keys.Verdict("")
-	var names []string
-	iter := r.rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		names = append(names, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		return nil, err
+	var names, ids []string
+	for _, k := range fraudKeys.Each() {
+		prefix := k.Verdict("")
+		iter := r.rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			names, ids = append(names, iter.Val()), append(ids, strings.TrimPrefix(iter.Val(), prefix))
+		}
+		if err := iter.Err(); err != nil {
+			return nil, err
+		}
 	}
 	out := make(map[string]string, len(names))
 	unbounded := 0
-	for chunk := range slices.Chunk(names, 1000) {
+	for from := 0; from < len(names); from += 1000 {
+		chunk, chunkIDs := names[from:min(from+1000, len(names))], ids[from:min(from+1000, len(names))]
 		vals := make([]*redis.StringCmd, len(chunk))
 		ttls := make([]*redis.DurationCmd, len(chunk))
 		if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -341,8 +367,8 @@ func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
 		}); err != nil {
 			return nil, err
 		}
-		for i, k := range chunk {
-			out[strings.TrimPrefix(k, prefix)] = vals[i].Val()
+		for i := range chunk {
+			out[chunkIDs[i]] = vals[i].Val()
 			if ttls[i].Val() < 0 {
 				unbounded++
 			}
