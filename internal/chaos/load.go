@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
-
 )
 
 // settleLoop runs `outbox settle` directly against PostgreSQL until the
