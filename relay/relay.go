@@ -902,10 +902,6 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 	cmds := make([]*redis.StringCmd, len(msgs))
 	spans := make([]trace.Span, len(msgs))
 	unconfirmed := make([]error, len(msgs))
-	all := make([]int, len(msgs))
-	for i := range all {
-		all[i] = i
-	}
 	if cc, ok := r.rdb.(*redis.ClusterClient); ok && r.cfg.MinReplicas > 0 {
 		// WAIT counts the replicas that have the writes of its own
 		// connection, on one node: pipeline each master's share on a
@@ -920,6 +916,10 @@ func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) (
 		}
 		wg.Wait()
 	} else {
+		all := make([]int, len(msgs))
+		for i := range all {
+			all[i] = i
+		}
 		r.publishOn(ctx, r.rdb, all, msgs, streams, cmds, spans, unconfirmed)
 	}
 	ids := make([]string, len(msgs))
