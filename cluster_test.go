@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/reconcile"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
@@ -24,7 +26,7 @@ import (
 // The outbox on a Redis Cluster of three masters and three replicas (local
 // redis-server processes, one cluster for all the subtests): relays and
 // consumers with four partitions, with and without replica acknowledgement,
-// and the admin commands.
+// the admin commands, reconcile and the demo.
 func TestOnRedisCluster(t *testing.T) {
 	cluster, err := testenv.LocalRedisCluster(t.Context(), testenv.Options{})
 	if err != nil {
@@ -70,10 +72,37 @@ func TestOnRedisCluster(t *testing.T) {
 			if out := string(cmd("fraud", "dlq", "list", "--key-prefix", f.keyPrefix())); out != "no dead letters in the 4 partitions' dead-letter streams\n" {
 				t.Fatalf("fraud dlq list on the cluster: %q", out)
 			}
-			demo := f.outboxCmd("", "demo")
-			demo.Env = append(demo.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true")
-			if out, err := demo.CombinedOutput(); err == nil {
-				t.Fatalf("outbox demo on a cluster ran: %s", out)
+			// reconcile: nothing differs; then one sender's total is changed
+			// behind anti-fraud's back, and it is that sender it reports.
+			var rec reconcile.Report
+			if err := json.Unmarshal(cmd("reconcile", "--json", "--grace", "0s", "--stream", f.stream(), "--key-prefix", f.keyPrefix()), &rec); err != nil {
+				t.Fatal(err)
+			}
+			if !rec.OK || rec.Transfers != len(teds) || rec.Events != len(teds) || rec.Senders != 20 {
+				t.Fatalf("reconcile on the cluster: %+v", rec)
+			}
+			var settledAt time.Time
+			if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-07' LIMIT 1").Scan(&settledAt); err != nil {
+				t.Fatal(err)
+			}
+			day, _ := fraud.Day(settledAt)
+			if err := cc.HIncrBy(f.ctx, f.keys().Sender("acct-07").DayAccount(day, "acct-07"), "sent_cents", 1).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := f.outboxCmd("", "reconcile", "--json", "--grace", "0s", "--stream", f.stream(), "--key-prefix", f.keyPrefix())
+			c.Env = append(c.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "OUTBOX_PARTITIONS=4")
+			out, err := c.Output()
+			if err == nil || json.Unmarshal(out, &rec) != nil || rec.OK || rec.TotalsDiffer != 1 || rec.SenderDiffs[0].Account != "acct-07" {
+				t.Fatalf("reconcile with acct-07's total changed: %v %s", err, out)
+			}
+
+			// The demo runs on the cluster too (its keys under a prefix of
+			// its own, removed afterwards; a database of its own, where no
+			// relay of this test publishes its events elsewhere).
+			demo := f.outboxCmd("", "demo", "--short")
+			demo.Env = append(demo.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "DATABASE_URL="+outboxtest.PostgresURL(t))
+			if out, err := runWithTimeout(demo, 2*time.Minute); err != nil || !strings.Contains(string(out), "checks passed, 0 failed") {
+				t.Fatalf("outbox demo on the cluster: %v\n%s", err, out)
 			}
 		})
 	}

@@ -21,9 +21,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +38,7 @@ import (
 
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/tcpproxy"
+	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -43,9 +46,16 @@ import (
 // Config says where the demo runs and how it prints.
 type Config struct {
 	Pool        *pgxpool.Pool
-	Redis       *redis.Client // the demo's own client (reports, checks)
-	DatabaseURL string        // for the relay process of scenario 2
-	RedisURL    string        // idem; also the target of the proxy of scenario 4
+	Redis       redis.UniversalClient // the demo's own client (reports, checks)
+	DatabaseURL string                // for the relay process of scenario 2
+	RedisURL    string                // idem; also what the proxies of scenario 4 front
+	// Cluster: Redis is a Redis Cluster (Redis a *redis.ClusterClient,
+	// RedisURL in the cluster URL form); the demo fronts every node with a
+	// proxy of its own.
+	Cluster bool
+	// Partitions is the relays' and the consumer's (0: 1; a cluster needs
+	// at least 2, anti-fraud's rule).
+	Partitions int
 	// Binary is the outbox command, run (and killed) in scenario 2.
 	// Default: this executable.
 	Binary       string
@@ -113,27 +123,19 @@ type demo struct {
 	passed, failed int
 
 	tl       *timelines
-	proxy    *tcpproxy.Proxy // every relay and consumer reaches Redis through it
-	viaProxy *redis.Client
+	proxies  []*tcpproxy.Proxy // every relay and consumer reaches Redis through them
+	viaProxy redis.UniversalClient
 	listen   *pgx.Conn // the demo's own LISTEN, to timestamp notifications
 	stopBg   func()
 	relay    *runningRelay
 }
 
-// setUp starts the proxy, the consumer and the demo's own listener.
+// setUp starts the proxies, the consumer and the demo's own listener.
 func (d *demo) setUp(ctx context.Context) error {
-	opt, err := redis.ParseURL(d.RedisURL)
-	if err != nil {
-		return fmt.Errorf("redis URL: %w", err)
+	var err error
+	if d.viaProxy, err = d.dialViaProxies(ctx); err != nil {
+		return err
 	}
-	if d.proxy, err = tcpproxy.Start(opt.Addr); err != nil {
-		return fmt.Errorf("start proxy: %w", err)
-	}
-	opt.Addr = d.proxy.Addr()
-	opt.ClientName = "outbox-demo-via-proxy"
-	opt.MaxRetries = -1
-	opt.ContextTimeoutEnabled = true
-	d.viaProxy = redis.NewClient(opt)
 
 	listenCfg := d.Pool.Config().ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "outbox-demo-observer"
@@ -146,6 +148,7 @@ func (d *demo) setUp(ctx context.Context) error {
 
 	cons, err := fraud.New(d.viaProxy, fraud.Config{
 		Stream: d.StreamPrefix + transfer.AggregateType, KeyPrefix: d.KeyPrefix, Consumer: "demo-fraud",
+		Partitions: d.Partitions, PartitionLease: 2 * time.Second,
 		Block: 200 * time.Millisecond, ClaimInterval: time.Second, Logger: d.Logger,
 		OnProcessed: func(ev fraud.Event, outcome string) {
 			if outcome != "duplicate" {
@@ -180,8 +183,75 @@ func (d *demo) tearDown() {
 	if d.viaProxy != nil {
 		_ = d.viaProxy.Close()
 	}
-	if d.proxy != nil {
-		_ = d.proxy.Close()
+	for _, p := range d.proxies {
+		_ = p.Close()
+	}
+}
+
+// dialViaProxies starts a TCP proxy in front of Redis (of each node of a
+// cluster: a cluster client connects to the nodes the cluster names) and
+// returns a client that reaches Redis only through them, so that scenario 4
+// can cut Redis off.
+func (d *demo) dialViaProxies(ctx context.Context) (redis.UniversalClient, error) {
+	if !d.Cluster {
+		opt, err := redis.ParseURL(d.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("redis URL: %w", err)
+		}
+		p, err := tcpproxy.Start(opt.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("start proxy: %w", err)
+		}
+		d.proxies = append(d.proxies, p)
+		opt.Addr = p.Addr()
+		opt.ClientName = "outbox-demo-via-proxy"
+		opt.MaxRetries = -1
+		opt.ContextTimeoutEnabled = true
+		return redis.NewClient(opt), nil
+	}
+	opt, err := redis.ParseClusterURL(d.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis cluster URL: %w", err)
+	}
+	slots, err := d.Redis.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list the cluster's nodes: %w", err)
+	}
+	via := map[string]string{} // node address -> its proxy's
+	for _, s := range slots {
+		for _, n := range s.Nodes {
+			if _, ok := via[n.Addr]; ok {
+				continue
+			}
+			p, err := tcpproxy.Start(n.Addr)
+			if err != nil {
+				return nil, fmt.Errorf("start proxy: %w", err)
+			}
+			d.proxies = append(d.proxies, p)
+			via[n.Addr] = p.Addr()
+		}
+	}
+	var dialer net.Dialer
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if p, ok := via[addr]; ok {
+			addr = p
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
+	opt.ClientName = "outbox-demo-via-proxy"
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = true
+	return redis.NewClusterClient(opt), nil
+}
+
+// redisReachable restores every proxy (up) or cuts them.
+func (d *demo) redisReachable(up bool) {
+	for _, p := range d.proxies {
+		if up {
+			p.Up()
+		} else {
+			p.Down()
+		}
 	}
 }
 
@@ -202,7 +272,7 @@ type runningRelay struct {
 
 func (d *demo) startRelay(name string, lease time.Duration) (*runningRelay, error) {
 	rl, err := relay.New(d.Pool, d.viaProxy, relay.Config{
-		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8,
+		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8, Partitions: d.Partitions,
 		Logger:    d.Logger,
 		OnClaim:   func(ids []uuid.UUID) { d.tl.markAll(ids, stepClaimed) },
 		OnPublish: func(ids []uuid.UUID) { d.tl.markAll(ids, stepPublished) },
@@ -243,7 +313,7 @@ func (d *demo) settle(ctx context.Context, t transfer.Transfer) (transfer.Result
 }
 
 func (d *demo) report(ctx context.Context) fraud.Report {
-	rep, err := fraud.ReadReport(ctx, d.Redis, fraud.Keys{Prefix: d.KeyPrefix})
+	rep, err := fraud.ReadReport(ctx, d.Redis, fraud.Keys{Prefix: d.KeyPrefix, Partitions: d.Partitions})
 	if err != nil {
 		return fraud.Report{}
 	}
@@ -348,8 +418,9 @@ func (d *demo) deadRelay(ctx context.Context) error {
 	fmt.Fprintln(d.Out, "   3 TEDs settled with no relay running; now a relay process starts, claims them and is SIGKILLed")
 	lease := 2 * time.Second
 	cmd := exec.CommandContext(ctx, d.Binary, "relay", "--name", "doomed-relay", "--stream-prefix", d.StreamPrefix,
-		"--lease", lease.String(), "--log-level", "error")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DatabaseURL, "REDIS_URL="+d.RedisURL, "OUTBOX_FAILPOINT=relay.after-claim")
+		"--lease", lease.String(), "--log-level", "error", "--partitions", strconv.Itoa(max(d.Partitions, 1)))
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DatabaseURL, "REDIS_URL="+d.RedisURL, "OUTBOX_FAILPOINT=relay.after-claim",
+		"REDIS_CLUSTER="+strconv.FormatBool(d.Cluster))
 	out, err := cmd.CombinedOutput()
 	killed := false
 	var exit *exec.ExitError
@@ -388,10 +459,22 @@ func (d *demo) deadRelay(ctx context.Context) error {
 // --- 3 ----------------------------------------------------------------------
 
 func (d *demo) duplicate(ctx context.Context) error {
-	stream := d.StreamPrefix + transfer.AggregateType
-	entries, err := d.Redis.XRevRangeN(ctx, stream, "+", "-", 1).Result()
-	if err != nil || len(entries) == 0 {
-		return fmt.Errorf("read the last stream entry: %v", err)
+	// The last entry of the first partition stream that has one.
+	var (
+		stream  string
+		entries []redis.XMessage
+	)
+	for _, s := range partition.Streams(d.StreamPrefix+transfer.AggregateType, max(d.Partitions, 1)) {
+		var err error
+		if entries, err = d.Redis.XRevRangeN(ctx, s, "+", "-", 1).Result(); err != nil {
+			return fmt.Errorf("read the last stream entry: %w", err)
+		}
+		if stream = s; len(entries) > 0 {
+			break
+		}
+	}
+	if len(entries) == 0 {
+		return errors.New("no stream entry to add again")
 	}
 	before := d.report(ctx)
 	values := make([]any, 0, 2*len(entries[0].Values))
@@ -414,7 +497,7 @@ func (d *demo) duplicate(ctx context.Context) error {
 
 func (d *demo) redisDown(ctx context.Context) error {
 	before := d.report(ctx)
-	d.proxy.Down()
+	d.redisReachable(false)
 	fmt.Fprintln(d.Out, "   Redis is unreachable for the relay and anti-fraud now")
 	const n = 200
 	var failed int
@@ -429,7 +512,7 @@ func (d *demo) redisDown(ctx context.Context) error {
 	fmt.Fprintf(d.Out, "   %d TEDs settled meanwhile; the outbox holds %d pending events\n", n-failed, pending)
 	d.check(failed == 0 && pending == n, "every settlement committed while Redis was down, and waits in the outbox (%d failed, %d pending)", failed, pending)
 
-	d.proxy.Up()
+	d.redisReachable(true)
 	back := time.Now()
 	fmt.Fprintln(d.Out, "   Redis is back")
 	ok := waitFor(ctx, 30*time.Second, func() bool { return d.report(ctx).Verdicts-before.Verdicts == n })

@@ -142,15 +142,6 @@ func (c *common) redis(ctx context.Context, opt connect.RedisOptions) (redis.Uni
 	return connect.RedisClient(ctx, c.redisURL, opt)
 }
 
-// singleRedis refuses --redis-cluster for a command that does not run on a
-// Redis Cluster yet.
-func (c *common) singleRedis(cmd string) error {
-	if c.redisCluster {
-		return usagef("outbox %s does not run on a Redis Cluster yet: give it a single Redis (without --redis-cluster)", cmd)
-	}
-	return nil
-}
-
 // isSet reports whether the command line gave flag name.
 func isSet(fs *flag.FlagSet, name string) bool {
 	set := false

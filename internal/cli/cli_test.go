@@ -66,7 +66,8 @@ func TestMinReplicasFromTheEnvironment(t *testing.T) {
 
 // OUTBOX_PARTITIONS and REDIS_CLUSTER are the defaults of --partitions and
 // --redis-cluster; a value that is not one is a usage error naming it, and
-// the commands that do not run on a cluster yet say so.
+// anti-fraud's rule (a cluster needs two partitions or more) holds for the
+// demo and reconcile too.
 func TestPartitionsAndClusterFromTheEnvironment(t *testing.T) {
 	for _, c := range []struct {
 		env  map[string]string
@@ -77,8 +78,9 @@ func TestPartitionsAndClusterFromTheEnvironment(t *testing.T) {
 		{map[string]string{"OUTBOX_PARTITIONS": "many"}, []string{"fraud"}, "OUTBOX_PARTITIONS"},
 		{nil, []string{"status", "--partitions", "1025"}, "--partitions"},
 		{map[string]string{"REDIS_CLUSTER": "maybe"}, []string{"status"}, "REDIS_CLUSTER"},
-		{map[string]string{"REDIS_CLUSTER": "true"}, []string{"reconcile"}, "does not run on a Redis Cluster yet"},
-		{nil, []string{"demo", "--redis-cluster"}, "does not run on a Redis Cluster yet"},
+		{map[string]string{"REDIS_CLUSTER": "true"}, []string{"reconcile", "--partitions", "1"}, "partitions"},
+		{nil, []string{"demo", "--redis-cluster", "--partitions", "1"}, "--partitions 1"},
+		{map[string]string{"OUTBOX_PARTITIONS": "2000"}, []string{"reconcile"}, "OUTBOX_PARTITIONS"},
 	} {
 		code, stdout, stderr := run(t, c.env, c.args...)
 		if code != exitUsage || stdout != "" || !strings.Contains(stderr, c.want) {

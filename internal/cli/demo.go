@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/demo"
 	"github.com/tedbank/outbox/internal/connect"
@@ -21,6 +22,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := e.flags("demo", &c)
 	short := fs.Bool("short", false, "a smaller burst (for CI)")
+	partitions := partitionsFlag(e, fs, "the relays' and anti-fraud's partitions; with --redis-cluster the default is 4")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -28,8 +30,15 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.singleRedis("demo"); err != nil {
+	parts, err := partitions()
+	if err != nil {
 		return err
+	}
+	if c.redisCluster && !isSet(fs, "partitions") && e.getenv("OUTBOX_PARTITIONS") == "" {
+		parts = 4
+	}
+	if c.redisCluster && parts < 2 {
+		return usagef("--partitions %d: anti-fraud on a Redis Cluster needs at least 2 partitions", parts)
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
@@ -45,13 +54,24 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer pg.Close()
-		rd, err := testenv.Redis(ctx, testenv.Options{Log: progress})
-		if err != nil {
-			return err
+		if c.redisCluster {
+			fmt.Fprintln(e.stdout, "--redis-cluster: starting a throw-away Redis Cluster (3 masters, 3 replicas) from the local redis-server...")
+			cl, err := testenv.LocalRedisCluster(ctx, testenv.Options{Log: progress})
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			fmt.Fprintf(e.stdout, "PostgreSQL (%s) and the Redis Cluster are up; they are removed when the demo ends.\n", pg.Source)
+			c.databaseURL, c.redisURL = pg.URL, cl.URL
+		} else {
+			rd, err := testenv.Redis(ctx, testenv.Options{Log: progress})
+			if err != nil {
+				return err
+			}
+			defer rd.Close()
+			fmt.Fprintf(e.stdout, "PostgreSQL (%s) and Redis (%s) are up; they are removed when the demo ends.\n", pg.Source, rd.Source)
+			c.databaseURL, c.redisURL = pg.URL, rd.URL
 		}
-		defer rd.Close()
-		fmt.Fprintf(e.stdout, "PostgreSQL (%s) and Redis (%s) are up; they are removed when the demo ends.\n", pg.Source, rd.Source)
-		c.databaseURL, c.redisURL = pg.URL, rd.URL
 	} else {
 		// Someone else's servers: keep the demo's keys apart and remove them after.
 		run := uuid.NewString()[:8]
@@ -66,7 +86,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	if _, err := migrate.Up(ctx, pool); err != nil {
 		return err
 	}
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-demo"})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-demo"})
 	if err != nil {
 		return err
 	}
@@ -75,12 +95,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			for _, pattern := range []string{streamPrefix + "*", keyPrefix + "*"} {
-				iter := rdb.Scan(cctx, 0, pattern, 1000).Iterator()
-				for iter.Next(cctx) {
-					rdb.Del(cctx, iter.Val())
-				}
-			}
+			deleteKeys(cctx, rdb, streamPrefix+"*", keyPrefix+"*")
 		}()
 	}
 
@@ -91,8 +106,27 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	return demo.Run(ctx, demo.Config{
 		Pool: pool, Redis: rdb, DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
 		StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
-		Color: isTerminal(e.stdout), Short: *short,
+		Color: isTerminal(e.stdout), Short: *short, Cluster: c.redisCluster, Partitions: parts,
 	})
+}
+
+// deleteKeys deletes the keys matching the patterns, on every master of a
+// cluster (SCAN lists one node's keys).
+func deleteKeys(ctx context.Context, rdb redis.UniversalClient, patterns ...string) {
+	del := func(ctx context.Context, node redis.Cmdable) error {
+		for _, pattern := range patterns {
+			iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
+			for iter.Next(ctx) {
+				node.Del(ctx, iter.Val())
+			}
+		}
+		return nil
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return del(ctx, node) })
+		return
+	}
+	_ = del(ctx, rdb)
 }
 
 // isTerminal reports whether w is a terminal (colours and a redrawn progress

@@ -23,6 +23,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	stream := fs.String("stream", fraud.DefaultStream, "stream the relay publishes transfer events to")
 	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix")
 	retention := fs.Duration("retention", fraud.DefaultRetention, "anti-fraud's --retention: verdicts older than it have expired and are not looked for")
+	partitions := partitionsFlag(e, fs, "the partitions of the stream and of anti-fraud's state, as the relays and consumers run them")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -30,8 +31,12 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
-	if err := c.singleRedis("reconcile"); err != nil {
+	parts, err := partitions()
+	if err != nil {
 		return err
+	}
+	if c.redisCluster && parts < 2 {
+		return usagef("--partitions %d: on a Redis Cluster anti-fraud's state has at least 2 partitions (each sender's keys in one slot); give the consumers' --partitions", parts)
 	}
 	switch {
 	case time.Duration(since) <= 0:
@@ -39,7 +44,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	case time.Duration(grace) < 0:
 		return usagef("--grace %s: must not be negative", time.Duration(grace))
 	}
-	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Retention: *retention}).Validate(); err != nil {
+	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Retention: *retention, Partitions: parts}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})
@@ -47,7 +52,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rdb, err := connect.Redis(ctx, c.redisURL, connect.RedisOptions{ClientName: "outbox-reconcile"})
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-reconcile"})
 	if err != nil {
 		return err
 	}
@@ -59,7 +64,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	}
 	rep, err := reconcile.Run(ctx, pool, rdb, reconcile.Options{
 		Since: now.Add(-time.Duration(since)), Grace: g, Stream: *stream, KeyPrefix: *keyPrefix, Now: now,
-		Retention: *retention,
+		Retention: *retention, Partitions: parts,
 	})
 	if err != nil {
 		return err

@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/partition"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -57,9 +58,14 @@ const (
 type Options struct {
 	Since time.Time     // transfers settled at or after it (zero: DefaultSince ago)
 	Grace time.Duration // younger events may still be on their way (0: DefaultGrace)
-	// Stream is the stream transfer events are published to;
-	// KeyPrefix is anti-fraud's key prefix.
+	// Stream is the stream transfer events are published to (with several
+	// partitions, the base of each partition's stream); KeyPrefix is
+	// anti-fraud's key prefix.
 	Stream, KeyPrefix string
+	// Partitions is the relay's and anti-fraud's --partitions (0 or 1: one
+	// stream). Against a Redis Cluster every read of one transaction stays
+	// in one partition's slot.
+	Partitions int
 	// Retention is anti-fraud's (fraud.Config.Retention; 0: its default):
 	// transfers whose verdict has expired are not expected to have one.
 	Retention time.Duration
@@ -129,6 +135,7 @@ type row struct {
 	Status           *string    `db:"status"`
 	CreatedAt        *time.Time `db:"created_at"`
 	StreamID         *string    `db:"stream_id"`
+	PartitionKey     *string    `db:"partition_key"`
 }
 
 // Run reconciles and reports; it returns an error only when it could not
@@ -146,7 +153,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 	if opt.Retention <= 0 {
 		opt.Retention = fraud.DefaultRetention
 	}
-	keys := fraud.Keys{Prefix: opt.KeyPrefix}
+	opt.Partitions = max(opt.Partitions, 1)
+	keys := fraud.Keys{Prefix: opt.KeyPrefix, Partitions: opt.Partitions}
 	rep := Report{Since: opt.Since, Grace: opt.Grace.String(), SenderDiffs: []SenderDiff{}}
 	for _, d := range []*Diff{&rep.MissingEvent, &rep.Orphan, &rep.Unpublished, &rep.NoVerdict, &rep.NotInStream} {
 		d.Examples = []string{} // [] in JSON, not null
@@ -235,10 +243,11 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 // for those without one, whether their stream entry is still there.
 func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stream string, rs []row, rep *Report) error {
 	ids := make([]string, len(rs))
+	senders := make([]string, len(rs))
 	for i, r := range rs {
-		ids[i] = *r.TransferID
+		ids[i], senders[i] = *r.TransferID, *r.FromAccount
 	}
-	vals, err := fraud.ReadVerdicts(ctx, rdb, keys, ids)
+	vals, err := fraud.ReadVerdictsOf(ctx, rdb, keys, ids, senders)
 	if err != nil {
 		return err
 	}
@@ -251,6 +260,7 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 	if len(missing) == 0 {
 		return nil
 	}
+	n := max(keys.Partitions, 1)
 	cmds := make([]*redis.XMessageSliceCmd, len(missing))
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range missing {
@@ -258,7 +268,11 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 			if r.StreamID != nil && *r.StreamID != "" {
 				id = *r.StreamID
 			}
-			cmds[i] = p.XRange(ctx, stream, id, id)
+			key := *r.FromAccount
+			if r.PartitionKey != nil {
+				key = *r.PartitionKey
+			}
+			cmds[i] = p.XRange(ctx, partition.Stream(stream, partition.Of(key, n), n), id, id)
 		}
 		return nil
 	})
@@ -319,24 +333,26 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 		}
 		verdicts := map[string]*redis.SliceCmd{}
 		totals := map[string][]*redis.SliceCmd{}
-		_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			for _, acct := range senders {
-				ks := keys.Sender(acct)
-				ids := make([]string, len(byAccount[acct]))
-				for i, t := range byAccount[acct] {
-					ids[i] = ks.Verdict(t.id)
+		for _, group := range byPartition(senders, max(keys.Partitions, 1)) {
+			_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				for _, acct := range group {
+					ks := keys.Sender(acct)
+					ids := make([]string, len(byAccount[acct]))
+					for i, t := range byAccount[acct] {
+						ids[i] = ks.Verdict(t.id)
+					}
+					if len(ids) > 0 {
+						verdicts[acct] = p.MGet(ctx, ids...)
+					}
+					for _, day := range days {
+						totals[acct] = append(totals[acct], p.HMGet(ctx, ks.DayAccount(day, acct), "sent_cents", "transfers"))
+					}
 				}
-				if len(ids) > 0 {
-					verdicts[acct] = p.MGet(ctx, ids...)
-				}
-				for _, day := range days {
-					totals[acct] = append(totals[acct], p.HMGet(ctx, ks.DayAccount(day, acct), "sent_cents", "transfers"))
-				}
+				return nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("read anti-fraud totals: %w", err)
 			}
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read anti-fraud totals: %w", err)
 		}
 		var again []string
 		for _, acct := range senders {
@@ -362,6 +378,18 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 		senders = again
 	}
 	return diffs, nil
+}
+
+// byPartition groups senders by their partition, in partition order: a
+// sender's verdicts and totals live in its partition's slot, and a MULTI on a
+// Redis Cluster may not span slots.
+func byPartition(senders []string, n int) [][]string {
+	groups := make([][]string, n)
+	for _, s := range senders {
+		p := partition.Of(s, n)
+		groups[p] = append(groups[p], s)
+	}
+	return slices.DeleteFunc(groups, func(g []string) bool { return len(g) == 0 })
 }
 
 type transferAmount struct {
