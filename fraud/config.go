@@ -86,6 +86,14 @@ type Config struct {
 	AmountLimitCents int64
 	WindowLimitCents int64
 	Window           time.Duration
+	// AuditLen, when positive, keeps an audit stream per partition
+	// (Keys.Audit): one entry per effect applied (event_id, transfer_id,
+	// from_account and the verdict given then), written by the effect script
+	// atomically with the effect, so its order is the order effects were
+	// applied; trimmed to about AuditLen entries (XADD MAXLEN ~). It proves
+	// per-sender order after the fact (the chaos suite checks it). 0, the
+	// default, keeps none.
+	AuditLen int
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the consumer's Prometheus metrics.
@@ -191,6 +199,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("retention %s: must be at least an hour", c.Retention)
 	case c.AmountLimitCents < 1 || c.WindowLimitCents < 1:
 		return fmt.Errorf("limits must be positive")
+	case c.AuditLen < 0:
+		return fmt.Errorf("audit length %d: must not be negative", c.AuditLen)
 	case c.Window < time.Second:
 		return fmt.Errorf("window %s: must be at least 1s", c.Window)
 	}
@@ -258,6 +268,9 @@ func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
 // Approved is the sender's recent transfers that are still approved: the
 // ones a transfer arriving late can send to review.
 func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acct }
+
+// Audit is the stream of effects in the order applied (Config.AuditLen).
+func (k Keys) Audit() string { return k.Prefix + "audit" }
 
 // Stats holds the lifetime counters of the report.
 func (k Keys) Stats() string { return k.Prefix + "stats" }

@@ -629,6 +629,7 @@ func (c *Consumer) effectKeys(f feed, ev Event) []string {
 		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
 		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
 		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(c.cfg.Group), k.Approved(ev.FromAccount),
+		k.Audit(),
 	}
 }
 
@@ -661,6 +662,7 @@ func (c *Consumer) effectArgs(f feed, ev Event) []any {
 		ms(now.Add(-c.cfg.Retention).UnixMilli()),
 		f.keys.Verdict(""),
 		f.fence,
+		c.cfg.AuditLen,
 	}
 }
 

@@ -17,6 +17,7 @@
 -- KEYS[9] the partition's lease (ownership.go)
 -- KEYS[10] the sender's approved transfers in the window (zset, as KEYS[6]):
 --          the only ones a late arrival can still send to review
+-- KEYS[11] the audit stream (Config.AuditLen): the effects in the order applied
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -31,6 +32,7 @@
 -- ARGV[19] the lease value the consumer holds (its fencing token); empty
 --          when the consumer applies events without owning the partition
 --          (its single steps, for tests and tools)
+-- ARGV[20] how many entries the audit stream keeps, about (0: no audit)
 -- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
 -- 2 for review; revised, how many later transfers it sent to review.
 --
@@ -56,7 +58,12 @@ end
 
 -- Keys written after the first non-idempotent write must not fail mid-script
 -- (a wrong type would leave half an effect behind): check them first.
-for _, k in ipairs({{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}) do
+local audit = tonumber(ARGV[20])
+local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}
+if audit > 0 then
+  table.insert(typed, {KEYS[11], 'stream'})
+end
+for _, k in ipairs(typed) do
   local t = redis.call('TYPE', k[1]).ok
   if t ~= 'none' and t ~= k[2] then
     return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
@@ -126,6 +133,10 @@ if expireAt > 0 then
   redis.call('PEXPIREAT', KEYS[3], expireAt)
 end
 redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
+if audit > 0 then
+  redis.call('XADD', KEYS[11], 'MAXLEN', '~', audit, '*',
+    'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4], 'verdict', verdict)
+end
 if verdict == 'review' then
   redis.call('HINCRBY', KEYS[7], 'reviews', 1)
   redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',

@@ -25,13 +25,14 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 	var (
 		mu      sync.Mutex
 		applied = map[string][]time.Time{} // per sender, settled_at in the order applied
+		ids     = map[string][]string{}    // per sender, transfer ids in the order applied
 		by      = map[int][]string{}       // per partition, the consumer of each effect, in order
 	)
 	newConsumer := func(name string) *Consumer {
 		c, err := New(rdb.Client, Config{
 			Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: name, Partitions: parts,
 			Block: 50 * time.Millisecond, PartitionLease: 400 * time.Millisecond,
-			WindowLimitCents: 1 << 60, AmountLimitCents: 1 << 60,
+			WindowLimitCents: 1 << 60, AmountLimitCents: 1 << 60, AuditLen: 10_000,
 			OnProcessed: func(ev Event, outcome string) {
 				if outcome == "duplicate" {
 					return
@@ -39,6 +40,7 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.SettledAt)
+				ids[ev.FromAccount] = append(ids[ev.FromAccount], ev.TransferID.String())
 				p := partition.Of(ev.FromAccount, parts)
 				by[p] = append(by[p], name)
 			},
@@ -147,6 +149,21 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 		if !slices.IsSortedFunc(ts, func(x, y time.Time) int { return x.Compare(y) }) {
 			t.Errorf("sender %s: TEDs applied out of settled order: %v", s, ts)
 		}
+	}
+	// The audit streams record the same effects in the same order.
+	audited := map[string][]string{}
+	for _, k := range (Keys{Prefix: rdb.Prefix + "fraud:", Partitions: parts}).Each() {
+		msgs, err := rdb.XRange(context.Background(), k.Audit(), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			s := m.Values["from_account"].(string)
+			audited[s] = append(audited[s], m.Values["transfer_id"].(string))
+		}
+	}
+	if fmt.Sprint(audited) != fmt.Sprint(ids) {
+		t.Errorf("audit streams %v\nwant the effects as applied %v", audited, ids)
 	}
 	rep, err := ReadReport(context.Background(), rdb.Client, Keys{Prefix: rdb.Prefix + "fraud:", Partitions: parts})
 	if err != nil {

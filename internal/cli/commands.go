@@ -216,6 +216,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	minReplicas := minReplicasFlag(e, fs, "acknowledge an entry only once this many Redis replicas have its effect (WAIT); unconfirmed entries stay pending and are retried")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it; the group's consumers divide them among themselves")
 	fs.DurationVar(&cfg.PartitionLease, "partition-lease", fraud.DefaultPartitionLease, "how long this consumer's hold on a partition lasts unrenewed: a dead consumer's partitions move within it")
+	fs.IntVar(&cfg.AuditLen, "audit-len", 0, "keep a stream per partition of the effects in the order applied (<prefix>audit), about this many entries each; 0 keeps none")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", time.Second, "longest wait for --min-replicas per batch")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
 	if err := e.parse(fs, args); err != nil {
