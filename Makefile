@@ -33,7 +33,9 @@ test:
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts
 # its own PostgreSQL and Redis from the local binaries. CI runs the short
 # version: make chaos CHAOS_FLAGS='-chaos.n 2500 -chaos.short'.
-# Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'.
+# Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'. On a local
+# Redis Cluster (3 masters + 3 replicas, --min-replicas 1, 16 partitions):
+# CHAOS_FLAGS='-chaos.cluster' (add -chaos.min-replicas 0 to see the loss).
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 

@@ -50,8 +50,17 @@ type Config struct {
 	Binary string
 	// Dir holds every log of the run; it must exist.
 	Dir string
-	// RedisArgs are redis-server arguments; empty means DefaultRedisArgs.
+	// RedisArgs are redis-server arguments (of every node of a cluster);
+	// empty means DefaultRedisArgs.
 	RedisArgs []string
+	// Cluster runs the suite on a Redis Cluster of 3 masters and 3 replicas
+	// (cluster.go): relays and consumers with --redis-cluster, 16
+	// partitions and MinReplicas, and the cluster's own faults (a master
+	// SIGKILLed or stopped past the node timeout and its replica promoted,
+	// slots resharded, consumers joining and leaving) instead of the single
+	// Redis's.
+	Cluster     bool
+	MinReplicas int
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
 }
@@ -80,10 +89,20 @@ const (
 	RedisKill       = "redis-kill"
 	RedisOOM        = "redis-oom"
 	BusyError       = "busy-error"
+	// On a Redis Cluster (cluster.go).
+	MasterKill    = "master-kill"
+	MasterStop    = "master-stop"
+	Reshard       = "reshard"
+	ConsumerJoin  = "consumer-join"
+	ConsumerLeave = "consumer-leave"
 )
 
-// Kinds lists every kind of fault.
-var Kinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError}
+// Kinds lists every kind of fault on a single Redis; ClusterKinds on a
+// Redis Cluster.
+var (
+	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError}
+	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave}
+)
 
 // RollingDeploy is not a fault: every relay in turn is stopped with SIGTERM
 // and started again, as a deploy does. It opens no fault window, so the
@@ -105,12 +124,16 @@ var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-
 // meanwhile, and the stranded analysis counts that time as the fault's.
 // Debug logs: the analysis reads when each relay's LISTEN is up ("listening").
 //
-// Two partitions: each of the two consumers owns one, so a fault on either
-// hits a consumer at work, and a killed one's partition moves (to the
-// other, or back to it when it is restarted under its name).
+// Two partitions on a single Redis: each of the two consumers owns one, so a
+// fault on either hits a consumer at work, and a killed one's partition
+// moves (to the other, or back to it when it is restarted under its name).
+// Sixteen on a cluster, spread over the three masters (run.parts).
+//
+// The consumers keep an audit stream of their effects (--audit-len), from
+// which verify checks each sender's order.
 var (
-	relayArgs = []string{"--lease", "5s", "--log-level", "debug", "--partitions", strconv.Itoa(partitions)}
-	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s", "--partitions", strconv.Itoa(partitions)}
+	relayArgs = []string{"--lease", "5s", "--log-level", "debug"}
+	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s", "--audit-len", "1000000"}
 )
 
 // FaultRecord is one injected fault.
@@ -150,6 +173,18 @@ type Result struct {
 	// which the other relays slept throughout, so that only the stopping
 	// relay's hand-over could publish the probe's TED in time.
 	Probes, ProbesExact int
+	// Cluster: the run was on a Redis Cluster; OutOfOrder counts the
+	// senders whose effects the audit shows applied out of settled order.
+	Cluster    bool
+	OutOfOrder int
+}
+
+// kinds is the fault kinds of the run's mode.
+func (r Result) kinds() []string {
+	if r.Cluster {
+		return ClusterKinds
+	}
+	return Kinds
 }
 
 // Summary is the one line a run prints.
@@ -159,11 +194,15 @@ func (r Result) Summary() string {
 		counts[f.Kind]++
 	}
 	var fs []string
-	for _, k := range Kinds {
+	for _, k := range r.kinds() {
 		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
 	}
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs",
-		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
+	mode := "single"
+	if r.Cluster {
+		mode = "cluster"
+	}
+	return fmt.Sprintf("chaos: mode=%s seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d out_of_order=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs",
+		mode, r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.OutOfOrder, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
 		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds())
 }
 
@@ -192,7 +231,7 @@ func (r Result) ByKind() []string {
 		a.maxRec = max(a.maxRec, f.Recovery)
 	}
 	var out []string
-	for _, k := range Kinds {
+	for _, k := range r.kinds() {
 		a := m[k]
 		if a == nil {
 			out = append(out, fmt.Sprintf("%-17s 0", k))
@@ -210,13 +249,18 @@ type run struct {
 	logf func(format string, args ...any)
 
 	pg, rds           *testenv.Server
+	cluster           *testenv.Cluster // instead of rds in cluster mode
+	parts             int              // the relays' and consumers' --partitions
 	dbURL, dbName     string
 	pgProxy, rdsProxy *tcpproxy.Proxy
-	relayDB, proxyRDS string // URLs through the proxies
+	relayDB, proxyRDS string // URLs through the proxies (proxyRDS: the cluster's URL)
 	mon               *pgxpool.Pool
-	rdb               *redis.Client
+	rdb               redis.UniversalClient
 	procs             []*proc
 	relays, consumers []*proc
+	joined            int // consumers started by consumer-join faults
+	// relayArgs, fraudArgs: the package's, with the mode's.
+	relayArgs, fraudArgs []string
 
 	settleDone chan struct{}
 	settleRuns int
@@ -288,7 +332,11 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		deployBurst:  make(chan struct{}, 1),
 		firstEntry:   map[string]string{},
 	}
-	res.Seed = cfg.Seed
+	res.Seed, res.Cluster = cfg.Seed, cfg.Cluster
+	r.parts = 2
+	if cfg.Cluster {
+		r.parts = 16
+	}
 	defer r.teardown()
 	if err := r.setup(ctx); err != nil {
 		return res, err
@@ -341,11 +389,17 @@ func (r *run) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	r.rds, err = testenv.LocalRedis(ctx, testenv.Options{ExtraArgs: r.cfg.RedisArgs})
-	if err != nil {
-		return err
+	if r.cfg.Cluster {
+		if r.cluster, err = testenv.LocalRedisCluster(ctx, testenv.Options{ExtraArgs: r.cfg.RedisArgs}); err != nil {
+			return err
+		}
+		r.logf("postgres %s (dir %s), redis cluster %s %v", r.pg.URL, r.pg.Dir(), r.cluster.URL, r.cfg.RedisArgs)
+	} else {
+		if r.rds, err = testenv.LocalRedis(ctx, testenv.Options{ExtraArgs: r.cfg.RedisArgs}); err != nil {
+			return err
+		}
+		r.logf("postgres %s (dir %s), redis %s %v (dir %s)", r.pg.URL, r.pg.Dir(), r.rds.URL, r.cfg.RedisArgs, r.rds.Dir())
 	}
-	r.logf("postgres %s (dir %s), redis %s %v (dir %s)", r.pg.URL, r.pg.Dir(), r.rds.URL, r.cfg.RedisArgs, r.rds.Dir())
 	r.dbURL, _, err = testenv.CreateDatabase(ctx, r.pg.URL, "chaos")
 	if err != nil {
 		return err
@@ -355,34 +409,50 @@ func (r *run) setup(ctx context.Context) error {
 		return fmt.Errorf("outbox migrate: %v\n%s", err, out)
 	}
 
-	pgAddr, rdsAddr := hostPort(r.pg.URL), hostPort(r.rds.URL)
+	pgAddr := hostPort(r.pg.URL)
 	if r.pgProxy, err = tcpproxy.Start(pgAddr); err != nil {
 		return err
 	}
-	if r.rdsProxy, err = tcpproxy.Start(rdsAddr); err != nil {
-		return err
-	}
 	r.relayDB = strings.Replace(r.dbURL, pgAddr, r.pgProxy.Addr(), 1)
-	r.proxyRDS = strings.Replace(r.rds.URL, rdsAddr, r.rdsProxy.Addr(), 1)
-
 	if r.mon, err = monitorPool(ctx, r.dbURL); err != nil {
 		return err
 	}
-	o, err := redis.ParseURL(r.rds.URL)
-	if err != nil {
-		return err
+	common := []string{"--partitions", strconv.Itoa(r.parts)}
+	if r.cfg.Cluster {
+		// The nodes' own addresses: a cluster client follows the addresses
+		// the cluster gives out, so a proxy in front would be bypassed.
+		r.proxyRDS = r.cluster.URL
+		common = append(common, "--redis-cluster", "--min-replicas", strconv.Itoa(r.cfg.MinReplicas))
+		o, err := redis.ParseClusterURL(r.cluster.URL)
+		if err != nil {
+			return err
+		}
+		o.ClientName = "chaos-monitor"
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
+		r.rdb = redis.NewClusterClient(o)
+	} else {
+		rdsAddr := hostPort(r.rds.URL)
+		if r.rdsProxy, err = tcpproxy.Start(rdsAddr); err != nil {
+			return err
+		}
+		r.proxyRDS = strings.Replace(r.rds.URL, rdsAddr, r.rdsProxy.Addr(), 1)
+		o, err := redis.ParseURL(r.rds.URL)
+		if err != nil {
+			return err
+		}
+		o.ClientName = "chaos-monitor"
+		o.MaxRetries = 1
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
+		r.rdb = redis.NewClient(o)
 	}
-	o.ClientName = "chaos-monitor"
-	o.MaxRetries = 1
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
-	r.rdb = redis.NewClient(o)
+	r.relayArgs, r.fraudArgs = slices.Concat(relayArgs, common), slices.Concat(fraudArgs, common)
 
 	for _, name := range []string{"r1", "r2"} {
-		args := append([]string{"relay", "--name", name, "--database-url", r.relayDB, "--redis-url", r.proxyRDS}, relayArgs...)
+		args := append([]string{"relay", "--name", name, "--database-url", r.relayDB, "--redis-url", r.proxyRDS}, r.relayArgs...)
 		r.relays = append(r.relays, newProc(name, r.cfg.Binary, filepath.Join(r.cfg.Dir, name+".log"), r.logf, args...))
 	}
 	for _, name := range []string{"c1", "c2"} {
-		args := append([]string{"fraud", "--consumer", name, "--redis-url", r.proxyRDS}, fraudArgs...)
+		args := append([]string{"fraud", "--consumer", name, "--redis-url", r.proxyRDS}, r.fraudArgs...)
 		r.consumers = append(r.consumers, newProc(name, r.cfg.Binary, filepath.Join(r.cfg.Dir, name+".log"), r.logf, args...))
 	}
 	r.procs = append(append([]*proc{}, r.relays...), r.consumers...)
@@ -424,7 +494,13 @@ func (r *run) teardown() {
 			_ = px.Close()
 		}
 	}
-	for name, s := range map[string]*testenv.Server{"postgres.log": r.pg, "redis.log": r.rds} {
+	servers := map[string]*testenv.Server{"postgres.log": r.pg, "redis.log": r.rds}
+	if r.cluster != nil {
+		for i, n := range r.cluster.Nodes {
+			servers[fmt.Sprintf("redis-node-%d.log", i)] = n
+		}
+	}
+	for name, s := range servers {
 		if s == nil {
 			continue
 		}

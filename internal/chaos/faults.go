@@ -22,17 +22,19 @@ type planned struct{ kind, variant string }
 var (
 	blackholeTargets = []string{"pg", "redis", "pg+redis"}
 	pgStopModes      = []string{"fast", "immediate", "kill"}
+	masterKillModes  = []string{"plain", "lagging"}
 	// weights of the random faults after the mandatory ones.
 	weights = map[string]int{
 		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
 		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1, BusyError: 2,
-		RollingDeploy: 1,
+		RollingDeploy: 1, MasterKill: 2, MasterStop: 1, Reshard: 1, ConsumerJoin: 1, ConsumerLeave: 1,
 	}
 )
 
-// mandatory is the faults every run injects: two busy errors and two
-// rolling deploys first (they only matter while events flow), then each fail
-// point, then every other kind and variant in a random order.
+// mandatory is the faults every run injects: on a cluster, the cluster's
+// own first; then two busy errors and two rolling deploys (they only
+// matter while events flow), then each fail point, then every other kind
+// and variant in a random order.
 func (r *run) mandatory() []planned {
 	var fps, rest []planned
 	for _, fp := range Failpoints {
@@ -41,6 +43,19 @@ func (r *run) mandatory() []planned {
 	rest = []planned{
 		{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""},
 		{Blackhole, "pg"}, {Blackhole, "redis"}, {RedisKill, ""}, {RedisOOM, ""},
+	}
+	// On a cluster its own faults come first, while the load runs.
+	var first []planned
+	if r.cfg.Cluster {
+		first = []planned{
+			{MasterKill, "plain"}, {MasterKill, "lagging"}, {MasterStop, ""}, {Reshard, ""},
+			{ConsumerJoin, ""}, {ConsumerLeave, ""},
+		}
+		if !r.cfg.Short {
+			first = append(first, planned{MasterKill, "lagging"}, planned{Reshard, ""}, planned{ConsumerJoin, ""})
+		}
+		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
+		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}}
 	}
 	if r.cfg.Short {
 		rest = append(rest, planned{PGRestart, pgStopModes[r.rng.IntN(len(pgStopModes))]})
@@ -56,12 +71,12 @@ func (r *run) mandatory() []planned {
 	// fail points (which need some traffic too).
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
-	return slices.Concat(traffic, fps, rest)
+	return slices.Concat(first, traffic, fps, rest)
 }
 
-// random picks a weighted random fault.
+// random picks a weighted random fault of the run's mode.
 func (r *run) random() planned {
-	kinds := append(slices.Clone(Kinds), RollingDeploy)
+	kinds := append(slices.Clone(Result{Cluster: r.cfg.Cluster}.kinds()), RollingDeploy)
 	total := 0
 	for _, k := range kinds {
 		total += weights[k]
@@ -79,7 +94,12 @@ func (r *run) random() planned {
 	case Failpoint:
 		return planned{kind, Failpoints[r.rng.IntN(len(Failpoints))]}
 	case Blackhole:
+		if r.cfg.Cluster {
+			return planned{kind, "pg"} // the cluster's nodes have no proxy
+		}
 		return planned{kind, blackholeTargets[r.rng.IntN(len(blackholeTargets))]}
+	case MasterKill:
+		return planned{kind, masterKillModes[r.rng.IntN(len(masterKillModes))]}
 	case PGRestart:
 		return planned{kind, pgStopModes[r.rng.IntN(len(pgStopModes))]}
 	}
@@ -248,6 +268,16 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		rec.Note = fmt.Sprintf("redis-server SIGKILLed, down %s", d)
 	case RedisOOM:
 		rec.Note = r.redisOOM(ctx, r.between(4*time.Second, 8*time.Second), rec.UnderLoad)
+	case MasterKill:
+		rec.Detail, rec.Note = r.masterKill(ctx, f.variant)
+	case MasterStop:
+		rec.Detail, rec.Note = r.masterStop(ctx)
+	case Reshard:
+		rec.Detail, rec.Note = r.reshard(ctx)
+	case ConsumerJoin:
+		rec.Detail, rec.Note = r.consumerJoin(ctx)
+	case ConsumerLeave:
+		rec.Detail, rec.Note = r.consumerLeave()
 	}
 	rec.End = time.Now()
 	return rec
@@ -522,11 +552,11 @@ func (r *run) countInRelayLogs(s string) int {
 func (r *run) waitRecovery(ctx context.Context, rec FaultRecord) time.Duration {
 	const limit = 2 * time.Minute
 	deadline := rec.End.Add(limit)
-	var unjudged []string
+	var unjudged, senders []string
 	for {
-		ids, err := r.unjudged(ctx)
+		ids, from, err := r.unjudged(ctx)
 		if err == nil {
-			unjudged = ids
+			unjudged, senders = ids, from
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -543,51 +573,51 @@ func (r *run) waitRecovery(ctx context.Context, rec FaultRecord) time.Duration {
 		}
 		time.Sleep(50 * time.Millisecond)
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		vals, err := fraud.ReadVerdicts(cctx, r.rdb, fraudKeys, unjudged)
+		vals, err := fraud.ReadVerdictsOf(cctx, r.rdb, r.fraudKeys(), unjudged, senders)
 		cancel()
 		if err != nil {
 			continue
 		}
-		left := unjudged[:0]
+		var left, leftFrom []string
 		for i, v := range vals {
 			if v == "" {
-				left = append(left, unjudged[i])
+				left, leftFrom = append(left, unjudged[i]), append(leftFrom, senders[i])
 			}
 		}
-		unjudged = left
+		unjudged, senders = left, leftFrom
 	}
 	return time.Since(rec.End)
 }
 
-// unjudged returns the ids of the committed transfers without a verdict.
-func (r *run) unjudged(ctx context.Context) ([]string, error) {
+// unjudged returns the ids of the committed transfers without a verdict,
+// and their senders.
+func (r *run) unjudged(ctx context.Context) (ids, senders []string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	rows, err := r.mon.Query(ctx, "SELECT id::text FROM transfers")
+	rows, err := r.mon.Query(ctx, "SELECT id::text, from_account FROM transfers")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	var ids []string
+	var all, from []string
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
+		var id, sender string
+		if err := rows.Scan(&id, &sender); err != nil {
+			return nil, nil, err
 		}
-		ids = append(ids, id)
+		all, from = append(all, id), append(from, sender)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	verdicts, err := fraud.ReadVerdicts(ctx, r.rdb, fraudKeys, ids)
+	verdicts, err := fraud.ReadVerdictsOf(ctx, r.rdb, r.fraudKeys(), all, from)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
-	for i, id := range ids {
+	for i, id := range all {
 		if verdicts[i] == "" {
-			out = append(out, id)
+			ids, senders = append(ids, id), append(senders, from[i])
 		}
 	}
-	return out, nil
+	return ids, senders, nil
 }

@@ -277,7 +277,7 @@ func killGroup(pid int) error { return syscall.Kill(-pid, syscall.SIGKILL) }
 // verify checks it against the verdicts themselves).
 func (r *run) verdictCount(ctx context.Context) (int, error) {
 	total := 0
-	for _, k := range fraudKeys.Each() {
+	for _, k := range r.fraudKeys().Each() {
 		n, err := r.rdb.HGet(ctx, k.Stats(), "verdicts").Int()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return 0, err

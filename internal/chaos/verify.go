@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,12 +17,33 @@ const (
 	stream    = fraud.DefaultStream
 	group     = fraud.DefaultGroup
 	keyPrefix = fraud.DefaultKeyPrefix
-	// partitions is the relays' and consumers' --partitions.
-	partitions = 2
 )
 
 // fraudKeys names anti-fraud's keys, in every partition.
-var fraudKeys = fraud.Keys{Prefix: keyPrefix, Partitions: partitions}
+func (r *run) fraudKeys() fraud.Keys { return fraud.Keys{Prefix: keyPrefix, Partitions: r.parts} }
+
+// scanKeys lists the keys matching pattern: on every master of a cluster
+// (SCAN walks one node).
+func (r *run) scanKeys(ctx context.Context, pattern string) ([]string, error) {
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+		return keys, err
+	}
+	return keys, scan(ctx, r.rdb)
+}
 
 const (
 	// drainLimit bounds the wait for the pipeline to drain after the load.
@@ -53,7 +76,7 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 		return s, err
 	}
 	s.delivered = true
-	for _, stream := range partition.Streams(stream, partitions) {
+	for _, stream := range partition.Streams(stream, r.parts) {
 		pend, err := r.rdb.XPending(ctx, stream, group).Result()
 		if err != nil {
 			return s, err
@@ -179,7 +202,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	// The stream: every event is in it (duplicates allowed: at least once).
 	inStream := map[string]int{}
 	entries := 0
-	for _, stream := range partition.Streams(stream, partitions) {
+	for _, stream := range partition.Streams(stream, r.parts) {
 		start := "-"
 		for {
 			msgs, err := r.rdb.XRangeN(ctx, stream, start, "+", 1000).Result()
@@ -241,14 +264,14 @@ func (r *run) verify(ctx context.Context, res *Result) {
 			reviews++
 		}
 	}
-	rep, err := fraud.ReadReport(ctx, r.rdb, fraudKeys)
+	rep, err := fraud.ReadReport(ctx, r.rdb, r.fraudKeys())
 	if err != nil {
 		r.problem("read fraud report: %v", err)
 		return
 	}
 	doubled := max(0, int(rep.Verdicts)-len(verdicts)) + multiEvent
 	var alerts []redis.XMessage
-	for _, k := range fraudKeys.Each() {
+	for _, k := range r.fraudKeys().Each() {
 		as, err := r.rdb.XRange(ctx, k.Alerts(), "-", "+").Result()
 		if err != nil {
 			r.problem("read alerts: %v", err)
@@ -310,8 +333,10 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		r.problem("%d accounts' anti-fraud totals differ from the sums over transfers", mismatched)
 	}
 
+	res.OutOfOrder = r.checkOrder(ctx, len(verdicts))
+
 	// Nothing left pending or dead-lettered; every dedupe marker present.
-	for _, stream := range partition.Streams(stream, partitions) {
+	for _, stream := range partition.Streams(stream, r.parts) {
 		if pend, err := r.rdb.XPending(ctx, stream, group).Result(); err != nil {
 			r.problem("XPENDING: %v", err)
 		} else if pend.Count != 0 {
@@ -319,23 +344,88 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		}
 	}
 	markers := 0
-	for _, k := range fraudKeys.Each() {
+	for _, k := range r.fraudKeys().Each() {
 		if n, err := r.rdb.XLen(ctx, k.DeadLetters()).Result(); err != nil || n != 0 {
 			r.problem("dead-letter stream %s: %d entries (err %v)", k.DeadLetters(), n, err)
 		}
-		iter := r.rdb.Scan(ctx, 0, k.Seen("")+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			markers++
-		}
-		if err := iter.Err(); err != nil && err != redis.Nil {
+		seen, err := r.scanKeys(ctx, k.Seen("")+"*")
+		if err != nil && err != redis.Nil {
 			r.problem("scan dedupe markers: %v", err)
 		}
+		markers += len(seen)
 	}
 	if markers != len(eventIDs) {
 		r.problem("%d dedupe markers for %d events", markers, len(eventIDs))
 	}
 	r.detail("stream %s (%d partitions) holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
-		stream, partitions, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+		stream, r.parts, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+}
+
+// checkOrder checks per-sender order from the consumers' own record: the
+// audit streams, which the effect script appends to atomically with each
+// effect. Each sender's transfers must have been applied in settled (seq)
+// order, each once. It returns how many senders' were not.
+func (r *run) checkOrder(ctx context.Context, verdicts int) int {
+	want := map[string][]string{} // sender -> transfer ids in seq order
+	rows, err := r.mon.Query(ctx, `SELECT aggregate_id, coalesce(partition_key, aggregate_id) FROM outbox_messages
+		WHERE aggregate_type = 'transfer' AND event_type = 'transfer.settled' ORDER BY seq`)
+	if err != nil {
+		r.problem("read events in seq order: %v", err)
+		return 0
+	}
+	for rows.Next() {
+		var id, key string
+		if err := rows.Scan(&id, &key); err != nil {
+			r.problem("read events in seq order: %v", err)
+			return 0
+		}
+		want[key] = append(want[key], id)
+	}
+	rows.Close()
+	got := map[string][]string{}
+	audited := 0
+	for _, k := range r.fraudKeys().Each() {
+		start := "-"
+		for {
+			msgs, err := r.rdb.XRangeN(ctx, k.Audit(), start, "+", 1000).Result()
+			if err != nil {
+				r.problem("read the audit stream %s: %v", k.Audit(), err)
+				return 0
+			}
+			for _, m := range msgs {
+				from, _ := m.Values["from_account"].(string)
+				id, _ := m.Values["transfer_id"].(string)
+				got[from] = append(got[from], id)
+				audited++
+			}
+			if len(msgs) < 1000 {
+				break
+			}
+			start = "(" + msgs[len(msgs)-1].ID
+		}
+	}
+	if audited != verdicts {
+		r.problem("the audit streams record %d effects for %d verdicts", audited, verdicts)
+	}
+	outOfOrder := 0
+	for sender, ids := range want {
+		if !slices.Equal(got[sender], ids) {
+			outOfOrder++
+			if outOfOrder <= 3 {
+				g := got[sender]
+				i := 0
+				for i < min(len(g), len(ids)) && g[i] == ids[i] {
+					i++
+				}
+				r.detail("sender %s: %d effects audited for %d transfers; from position %d applied %v, settled %v",
+					sender, len(g), len(ids), i, g[i:min(len(g), i+3)], ids[i:min(len(ids), i+3)])
+			}
+		}
+	}
+	if outOfOrder > 0 {
+		r.problem("%d senders' effects were not applied once each in settled order (audit streams)", outOfOrder)
+	}
+	return outOfOrder
 }
 
 // verdicts reads every verdict key, by transfer id, with its expiry: each
@@ -343,14 +433,14 @@ func (r *run) verify(ctx context.Context, res *Result) {
 // forever.
 func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
 	var names, ids []string
-	for _, k := range fraudKeys.Each() {
+	for _, k := range r.fraudKeys().Each() {
 		prefix := k.Verdict("")
-		iter := r.rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			names, ids = append(names, iter.Val()), append(ids, strings.TrimPrefix(iter.Val(), prefix))
-		}
-		if err := iter.Err(); err != nil {
+		found, err := r.scanKeys(ctx, prefix+"*")
+		if err != nil {
 			return nil, err
+		}
+		for _, name := range found {
+			names, ids = append(names, name), append(ids, strings.TrimPrefix(name, prefix))
 		}
 	}
 	out := make(map[string]string, len(names))

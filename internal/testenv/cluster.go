@@ -88,16 +88,17 @@ func LocalRedisCluster(ctx context.Context, opt Options) (_ *Cluster, err error)
 		return nil, fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}
 	c.URL = "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
-	if err := c.waitHealthy(ctx); err != nil {
+	if err := c.WaitHealthy(ctx); err != nil {
 		return nil, err
 	}
 	opt.logf("testenv: Redis Cluster ready", "url", c.URL)
 	return c, nil
 }
 
-// waitHealthy waits until every node says the cluster is ok, with all slots
-// assigned, and three of them are replicas synced with their masters.
-func (c *Cluster) waitHealthy(ctx context.Context) error {
+// WaitHealthy waits until every node says the cluster is ok, with all slots
+// assigned, and three of them are replicas synced with their masters (after
+// a failover, the old master back as the new one's replica).
+func (c *Cluster) WaitHealthy(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	var last error
