@@ -417,7 +417,11 @@ func (d *demo) deadRelay(ctx context.Context) error {
 	}
 	fmt.Fprintln(d.Out, "   3 TEDs settled with no relay running; now a relay process starts, claims them and is SIGKILLed")
 	lease := 2 * time.Second
-	cmd := exec.CommandContext(ctx, d.Binary, "relay", "--name", "doomed-relay", "--stream-prefix", d.StreamPrefix,
+	// Bounded: if another relay on this database claims the rows first, the
+	// fail point never fires and the process would run on.
+	doomedCtx, cancelDoomed := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelDoomed()
+	cmd := exec.CommandContext(doomedCtx, d.Binary, "relay", "--name", "doomed-relay", "--stream-prefix", d.StreamPrefix,
 		"--lease", lease.String(), "--log-level", "error", "--partitions", strconv.Itoa(max(d.Partitions, 1)))
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DatabaseURL, "REDIS_URL="+d.RedisURL, "OUTBOX_FAILPOINT=relay.after-claim",
 		"REDIS_CLUSTER="+strconv.FormatBool(d.Cluster))
@@ -425,7 +429,7 @@ func (d *demo) deadRelay(ctx context.Context) error {
 	killed := false
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
-		killed = strings.Contains(exit.String(), "killed")
+		killed = strings.Contains(exit.String(), "killed") && doomedCtx.Err() == nil // its fail point, not the timeout
 	}
 	d.check(killed, "the relay process died right after its claim (%v)", strings.TrimSpace(string(out)+" "+fmt.Sprint(err)))
 	stuck := d.count(ctx, "SELECT count(*) FROM outbox_messages WHERE status = 'publishing' AND claimed_by = 'doomed-relay'")

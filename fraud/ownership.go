@@ -72,7 +72,7 @@ type worker struct {
 }
 
 // own runs the ownership loop until ctx is cancelled, then stops every
-// worker and gives their leases back.
+// worker, gives their leases back and leaves the members.
 func (c *Consumer) own(ctx context.Context) {
 	workers := map[int]*worker{}
 	stop := func(p int, release bool) {
@@ -93,6 +93,14 @@ func (c *Consumer) own(ctx context.Context) {
 	defer func() {
 		for p := range workers {
 			stop(p, true)
+		}
+		// Leave the group now rather than when the membership runs out (a
+		// partition lease): the others take the partitions given back at
+		// their next tick.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if err := c.rdb.ZRem(rctx, c.keys.Members(c.cfg.Group), c.cfg.Consumer).Err(); err != nil {
+			c.log.Warn("leaving the group's members failed; the others rebalance when the membership runs out", slog.Any("error", err))
 		}
 	}()
 

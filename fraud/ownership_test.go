@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
 )
@@ -116,8 +118,11 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 	start("c")
 	publishSome(100)
 	waitOwners(map[string]int{"a": 2, "b": 1, "c": 1})
-	b.stop() // leaves cleanly: gives its partition back
+	b.stop() // leaves cleanly: gives its partition back and leaves the members
 	<-b.done
+	if _, err := rdb.ZScore(context.Background(), Keys{Prefix: rdb.Prefix + "fraud:"}.Members(DefaultGroup), "b").Result(); !errors.Is(err, redis.Nil) {
+		t.Errorf("b stopped but is still among the members until its membership runs out (err %v)", err)
+	}
 	publishSome(100)
 	waitOwners(map[string]int{"a": 2, "c": 2})
 

@@ -19,10 +19,10 @@ import (
 // again (every slot served, three replicas attached), so the next fault
 // starts from a whole cluster.
 
-// lagPause is how long a master-kill's "lagging" variant pauses the
-// replica before killing its master: the writes of that time reach the
-// master only, as when replication falls behind. Below the node timeout, so
-// the replica is still a candidate for promotion.
+// lagPause is how long a master-kill's "lagging" variant cuts the
+// replication link before killing the master: the writes of that time reach
+// the master only, as when replication falls behind. Below the node timeout,
+// so the replica is still a candidate for promotion.
 const lagPause = 1500 * time.Millisecond
 
 // clusterNode is one node as CLUSTER NODES describes it.
@@ -141,10 +141,13 @@ func (r *run) healthyAgain(ctx context.Context, after string) {
 
 // masterKill SIGKILLs a master; its replica is promoted after the node
 // timeout; the old master is started again and rejoins as the new
-// master's replica. "lagging" first pauses the replica (SIGSTOP) for
-// lagPause, so that the writes of that time reach only the master: with
+// master's replica. "lagging" first cuts the replication link for
+// lagPause: the replica is paused (SIGSTOP, so it cannot reconnect) and the
+// master drops its connection (CLIENT KILL TYPE replica; a paused replica
+// alone would still receive everything from its socket buffer when it
+// resumes), so that the writes of that time reach only the master. With
 // --min-replicas 0 the relay marks them published and they are lost with
-// the master; with 1 the relay's WAIT times out and it publishes them again.
+// the master; with 1 its WAIT finds no replica and it publishes them again.
 func (r *run) masterKill(ctx context.Context, variant string) (detail, note string) {
 	m, rep, err := r.pickMaster(ctx)
 	if err != nil {
@@ -153,6 +156,9 @@ func (r *run) masterKill(ctx context.Context, variant string) (detail, note stri
 	}
 	if variant == "lagging" {
 		_ = syscall.Kill(rep.srv.Pid(), syscall.SIGSTOP)
+		if err := cutReplicas(ctx, m.srv); err != nil {
+			r.problem("master-kill: cut the replication link: %v", err)
+		}
 		time.Sleep(lagPause)
 	}
 	if err := m.srv.Kill(); err != nil {
@@ -172,10 +178,22 @@ func (r *run) masterKill(ctx context.Context, variant string) (detail, note stri
 	r.healthyAgain(ctx, "master-kill")
 	lag := ""
 	if variant == "lagging" {
-		lag = fmt.Sprintf(" after its replica was paused %s", lagPause)
+		lag = fmt.Sprintf(" after %s without its replica", lagPause)
 	}
 	return variant, fmt.Sprintf("master %s (%d slots) SIGKILLed%s; replica %s promoted %s later; the old master rejoined as its replica",
 		m.addr, m.slots, lag, rep.addr, took.Round(10*time.Millisecond))
+}
+
+// cutReplicas closes a master's connections to its replicas.
+func cutReplicas(ctx context.Context, master *testenv.Server) error {
+	o, err := redis.ParseURL(master.URL)
+	if err != nil {
+		return err
+	}
+	o.DialTimeout, o.ReadTimeout = time.Second, 2*time.Second
+	c := redis.NewClient(o)
+	defer c.Close()
+	return c.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err()
 }
 
 // masterStop stops a master (SIGSTOP) for longer than the node timeout: its
