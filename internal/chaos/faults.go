@@ -31,10 +31,10 @@ var (
 	}
 )
 
-// mandatory is the faults every run injects: on a cluster, the cluster's
-// own first; then two busy errors and two rolling deploys (they only
-// matter while events flow), then each fail point, then every other kind
-// and variant in a random order.
+// mandatory is the faults every run injects: two busy errors and two
+// rolling deploys first (they only matter while events flow), then each fail
+// point, then every other kind and variant in a random order. On a cluster,
+// the cluster's own faults, then the fail points, then the rest.
 func (r *run) mandatory() []planned {
 	var fps, rest []planned
 	for _, fp := range Failpoints {
@@ -60,7 +60,9 @@ func (r *run) mandatory() []planned {
 	if r.cfg.Short {
 		rest = append(rest, planned{PGRestart, pgStopModes[r.rng.IntN(len(pgStopModes))]})
 	} else {
-		rest = append(rest, planned{Blackhole, "pg+redis"})
+		if !r.cfg.Cluster { // the cluster's nodes have no proxy
+			rest = append(rest, planned{Blackhole, "pg+redis"})
+		}
 		for _, m := range pgStopModes {
 			rest = append(rest, planned{PGRestart, m})
 		}
@@ -71,7 +73,12 @@ func (r *run) mandatory() []planned {
 	// fail points (which need some traffic too).
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
-	return slices.Concat(first, traffic, fps, rest)
+	if r.cfg.Cluster {
+		// The fail points right after the cluster's faults, while the
+		// load still runs (on a single Redis the load outlasts them all).
+		return slices.Concat(first, fps, traffic, rest)
+	}
+	return slices.Concat(traffic, fps, rest)
 }
 
 // random picks a weighted random fault of the run's mode.
@@ -223,7 +230,7 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		if strings.Contains(f.variant, "pg") {
 			proxies = append(proxies, r.pgProxy)
 		}
-		if strings.Contains(f.variant, "redis") {
+		if strings.Contains(f.variant, "redis") && r.rdsProxy != nil {
 			proxies = append(proxies, r.rdsProxy)
 		}
 		// Every connection, old or opened meanwhile, goes silent (bytes
