@@ -201,9 +201,10 @@ func (r Result) Summary() string {
 	if r.Cluster {
 		mode = "cluster"
 	}
-	return fmt.Sprintf("chaos: mode=%s seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d out_of_order=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs",
-		mode, r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.OutOfOrder, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds())
+	// New fields go at the end: scripts read this line.
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s",
+		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode)
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load
