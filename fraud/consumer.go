@@ -30,6 +30,7 @@ import (
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/relay/entry"
 )
 
 var (
@@ -417,7 +418,7 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 				"the relay and this consumer disagree on the number of partitions", ev.EventID, ev.FromAccount, f.n, c.cfg.Partitions, want)
 			continue
 		}
-		headers, _ := m.Values["headers"].(string)
+		headers, _ := m.Values[entry.Headers].(string)
 		_, span := tracer.Start(tracing.ExtractJSON(ctx, []byte(headers)), "fraud.process",
 			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 				attribute.String("messaging.system", "redis"),
@@ -583,13 +584,13 @@ func (c *Consumer) deliveries(ctx context.Context, f feed, msgs []redis.XMessage
 // times, then it moves to the dead-letter stream.
 func (c *Consumer) invalid(ctx context.Context, f feed, m redis.XMessage, cause error) {
 	log := c.log.With(slog.String("entry_id", m.ID), slog.Any("error", cause))
-	if id, ok := m.Values["event_id"].(string); ok {
+	if id, ok := m.Values[entry.EventID].(string); ok {
 		log = log.With(slog.String("event_id", id))
 	}
-	if t, ok := m.Values["event_type"].(string); ok {
+	if t, ok := m.Values[entry.EventType].(string); ok {
 		log = log.With(slog.String("event_type", t))
 	}
-	if a, ok := m.Values["aggregate_id"].(string); ok {
+	if a, ok := m.Values[entry.AggregateID].(string); ok {
 		log = log.With(slog.String("aggregate_id", a))
 	}
 	c.stats.failed.Add(1)

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-func entry(mutate func(p map[string]any, v map[string]any)) map[string]any {
+func testEntry(mutate func(p map[string]any, v map[string]any)) map[string]any {
 	id := uuid.NewString()
 	p := map[string]any{
 		"schema_version": 1, "event_id": id, "transfer_id": uuid.NewString(),
@@ -28,7 +28,7 @@ func entry(mutate func(p map[string]any, v map[string]any)) map[string]any {
 }
 
 func TestDecodeEntry(t *testing.T) {
-	ev, err := DecodeEntry(entry(nil))
+	ev, err := DecodeEntry(testEntry(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestDecodeEntry(t *testing.T) {
 	for name, mutate := range bad {
 		var values map[string]any
 		if mutate != nil {
-			values = entry(mutate)
+			values = testEntry(mutate)
 		}
 		if _, err := DecodeEntry(values); !errors.Is(err, ErrInvalidEvent) {
 			t.Errorf("%s: err = %v, want ErrInvalidEvent", name, err)

@@ -35,6 +35,7 @@ import (
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/relay/entry"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -990,14 +991,14 @@ func (r *Relay) publishOn(ctx context.Context, rdb Pipeliner, idx []int, msgs []
 			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
 				Stream: streams[i],
 				Values: []any{
-					"event_id", m.ID.String(),
-					"event_type", m.EventType,
-					"aggregate_type", m.AggregateType,
-					"aggregate_id", m.AggregateID,
-					"payload", m.Payload,
-					"headers", headers,
-					"occurred_at", m.CreatedAt.UTC().Format(time.RFC3339Nano),
-					"seq", m.Seq,
+					entry.EventID, m.ID.String(),
+					entry.EventType, m.EventType,
+					entry.AggregateType, m.AggregateType,
+					entry.AggregateID, m.AggregateID,
+					entry.Payload, m.Payload,
+					entry.Headers, headers,
+					entry.OccurredAt, m.CreatedAt.UTC().Format(time.RFC3339Nano),
+					entry.Seq, m.Seq,
 				},
 			})
 		}

@@ -20,28 +20,22 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/tracing"
 	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/transfer/settled"
 )
 
 const (
 	// AggregateType is the outbox aggregate type of transfer events; they are
 	// published to the stream outbox.event.transfer by default.
-	AggregateType = "transfer"
+	AggregateType = settled.AggregateType
 	// EventSettled is the event type written for every settled transfer.
-	EventSettled = "transfer.settled"
+	EventSettled = settled.Type
 	// SchemaVersion is the version of the SettledEvent payload.
-	SchemaVersion = 1
+	SchemaVersion = settled.Version
 	// DefaultCurrency is used when a Transfer has none.
 	DefaultCurrency = "BRL"
 	// MaxAccountLen is the longest account identifier accepted.
-	MaxAccountLen = 64
+	MaxAccountLen = settled.MaxAccountLen
 )
-
-// Currencies are the ISO 4217 codes Settle accepts.
-var Currencies = map[string]bool{
-	"BRL": true, "USD": true, "EUR": true, "GBP": true, "JPY": true, "CHF": true,
-	"CAD": true, "AUD": true, "CNY": true, "ARS": true, "CLP": true, "COP": true,
-	"MXN": true, "PEN": true, "PYG": true, "UYU": true,
-}
 
 // Transfer is a TED to settle.
 type Transfer struct {
@@ -52,18 +46,9 @@ type Transfer struct {
 	Currency    string // ISO 4217; empty means BRL
 }
 
-// SettledEvent is the payload of transfer.settled. It carries everything the
-// anti-fraud service needs, so consumers never call back.
-type SettledEvent struct {
-	SchemaVersion int       `json:"schema_version"`
-	EventID       uuid.UUID `json:"event_id"`
-	TransferID    uuid.UUID `json:"transfer_id"`
-	FromAccount   string    `json:"from_account"`
-	ToAccount     string    `json:"to_account"`
-	AmountCents   int64     `json:"amount_cents"`
-	Currency      string    `json:"currency"`
-	SettledAt     time.Time `json:"settled_at"`
-}
+// SettledEvent is the payload of transfer.settled: the event contract,
+// package settled, which consumers import without this package.
+type SettledEvent = settled.Payload
 
 // Result says what Settle did.
 type Result struct {
@@ -115,9 +100,9 @@ func (t Transfer) Validate() error {
 		return bad("to_account", fmt.Sprintf("must have 1 to %d characters and no surrounding spaces", MaxAccountLen))
 	case from == to:
 		return bad("to_account", "must differ from from_account")
-	case t.AmountCents <= 0:
-		return bad("amount_cents", "must be positive")
-	case !Currencies[t.currency()]:
+	case t.AmountCents <= 0 || t.AmountCents > settled.MaxAmountCents:
+		return bad("amount_cents", fmt.Sprintf("must be between 1 and %d", int64(settled.MaxAmountCents)))
+	case !settled.IsCurrency(t.currency()):
 		return bad("currency", fmt.Sprintf("%q is not a supported ISO 4217 code", t.Currency))
 	}
 	return nil

@@ -1,0 +1,84 @@
+// Package deps_test checks the dependency rules between the project's
+// packages (go list: each package's transitive imports, tests excluded), so
+// that a consumer of the event contract links neither the relay nor
+// PostgreSQL, and the layers stay apart as docs/design.md draws them.
+package deps_test
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/tedbank/outbox"
+
+// projectDeps returns, for every package of the module (named relative to
+// it: "" for the root), the module's packages it imports, directly or not.
+func projectDeps(t *testing.T) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, module+"/...").Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list: %v\n%s", err, stderr)
+	}
+	rel := func(p string) (string, bool) {
+		if p == module {
+			return "", true
+		}
+		r, ok := strings.CutPrefix(p, module+"/")
+		return r, ok
+	}
+	all := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg, _ := rel(f[0])
+		all[pkg] = []string{}
+		for _, d := range f[1:] {
+			if r, ok := rel(d); ok {
+				all[pkg] = append(all[pkg], r)
+			}
+		}
+	}
+	return all
+}
+
+func TestDependencyRules(t *testing.T) {
+	all := projectDeps(t)
+	for _, r := range []struct{ pkg, never, why string }{
+		{"relay", "fraud", "the relay publishes any event; it knows no consumer"},
+		{"fraud", "relay", "a consumer reads the stream's wire format (relay/entry), not the relay"},
+		{"transfer", "relay", "writers write the outbox; publishing is the relay's"},
+		{"relay", "transfer", "the relay publishes any event type"},
+		{"fraud", "transfer", "a consumer needs the event contract (transfer/settled), not the writer and its driver"},
+	} {
+		deps, ok := all[r.pkg]
+		if !ok {
+			t.Fatalf("go list did not list %s", r.pkg)
+		}
+		if slices.Contains(deps, r.never) {
+			t.Errorf("%s imports %s (directly or not): %s", r.pkg, r.never, r.why)
+		}
+	}
+	// The contracts are leaves: a consumer in another repository links them
+	// and nothing else of this one.
+	for _, leaf := range []string{"transfer/settled", "relay/entry", "partition"} {
+		if deps, ok := all[leaf]; !ok || len(deps) > 0 {
+			t.Errorf("%s imports %v (listed: %v): it must import nothing of the project", leaf, deps, ok)
+		}
+	}
+	// No library package depends on the command.
+	for pkg, deps := range all {
+		if pkg == "internal/cli" || strings.HasPrefix(pkg, "cmd/") {
+			continue
+		}
+		for _, d := range deps {
+			if d == "internal/cli" || strings.HasPrefix(d, "cmd/") {
+				t.Errorf("%q imports %s: library packages must not depend on the command", pkg, d)
+			}
+		}
+	}
+}
