@@ -100,8 +100,10 @@ func (t Transfer) Validate() error {
 		return bad("to_account", fmt.Sprintf("must have 1 to %d characters and no surrounding spaces", MaxAccountLen))
 	case from == to:
 		return bad("to_account", "must differ from from_account")
-	case t.AmountCents <= 0 || t.AmountCents > settled.MaxAmountCents:
-		return bad("amount_cents", fmt.Sprintf("must be between 1 and %d", int64(settled.MaxAmountCents)))
+	case t.AmountCents <= 0:
+		return bad("amount_cents", "must be positive")
+	case t.AmountCents > settled.MaxAmountCents:
+		return bad("amount_cents", fmt.Sprintf("must be at most %d (the event contract's maximum)", int64(settled.MaxAmountCents)))
 	case !settled.IsCurrency(t.currency()):
 		return bad("currency", fmt.Sprintf("%q is not a supported ISO 4217 code", t.Currency))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/transfer"
+	"github.com/tedbank/outbox/transfer/settled"
 )
 
 func TestMain(m *testing.M) { outboxtest.Main(m) }
@@ -153,6 +154,7 @@ func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
 	cases := map[string]func(*transfer.Transfer){
 		"zero amount":       func(t *transfer.Transfer) { t.AmountCents = 0 },
 		"negative amount":   func(t *transfer.Transfer) { t.AmountCents = -5 },
+		"amount over max":   func(t *transfer.Transfer) { t.AmountCents = settled.MaxAmountCents + 1 },
 		"empty from":        func(t *transfer.Transfer) { t.FromAccount = "" },
 		"blank to":          func(t *transfer.Transfer) { t.ToAccount = "   " },
 		"same accounts":     func(t *transfer.Transfer) { t.ToAccount = t.FromAccount },
