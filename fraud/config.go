@@ -1,6 +1,8 @@
 package fraud
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -107,12 +109,8 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.Group = cmp.Or(c.Group, DefaultGroup)
 	if c.Consumer == "" {
 		host, err := os.Hostname()
 		if err != nil || host == "" {
@@ -120,57 +118,38 @@ func (c Config) withDefaults() Config {
 		}
 		c.Consumer = host
 	}
-	if c.KeyPrefix == "" {
-		c.KeyPrefix = DefaultKeyPrefix
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Block == 0 {
-		c.Block = DefaultBlock
-	}
-	if c.ClaimInterval == 0 {
-		c.ClaimInterval = DefaultClaimInterval
-	}
-	if c.ClaimMinIdle == 0 {
-		c.ClaimMinIdle = DefaultClaimMinIdle
-	}
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = DefaultMaxDeliveries
-	}
-	if c.DedupeTTL == 0 {
-		c.DedupeTTL = DefaultDedupeTTL
-	}
-	if c.ReplicaTimeout == 0 {
-		c.ReplicaTimeout = time.Second
-	}
-	if c.Partitions == 0 {
-		c.Partitions = 1
-	}
-	if c.PartitionLease == 0 {
-		c.PartitionLease = DefaultPartitionLease
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.AmountLimitCents == 0 {
-		c.AmountLimitCents = DefaultAmountLimitCents
-	}
-	if c.WindowLimitCents == 0 {
-		c.WindowLimitCents = DefaultWindowLimitCents
-	}
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.KeyPrefix = cmp.Or(c.KeyPrefix, DefaultKeyPrefix)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.ClaimInterval = cmp.Or(c.ClaimInterval, DefaultClaimInterval)
+	c.ClaimMinIdle = cmp.Or(c.ClaimMinIdle, DefaultClaimMinIdle)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.DedupeTTL = cmp.Or(c.DedupeTTL, DefaultDedupeTTL)
+	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, time.Second)
+	c.Partitions = cmp.Or(c.Partitions, 1)
+	c.PartitionLease = cmp.Or(c.PartitionLease, DefaultPartitionLease)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.AmountLimitCents = cmp.Or(c.AmountLimitCents, DefaultAmountLimitCents)
+	c.WindowLimitCents = cmp.Or(c.WindowLimitCents, DefaultWindowLimitCents)
+	c.Window = cmp.Or(c.Window, DefaultWindow)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
-// Validate reports the first setting that cannot work, after defaults.
+// ErrConfig is wrapped by every error of Validate, and so of New for a
+// Config that cannot work.
+var ErrConfig = errors.New("fraud config")
+
+// Validate reports the first setting that cannot work, after defaults; the
+// error wraps ErrConfig.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	if err := c.withDefaults().validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
 	for _, n := range []struct{ what, v string }{
 		{"stream", c.Stream}, {"group", c.Group}, {"consumer", c.Consumer}, {"key prefix", c.KeyPrefix},
 	} {

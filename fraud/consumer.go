@@ -83,13 +83,13 @@ type Stats struct {
 // New returns a consumer reading with rdb. It checks cfg but does not connect.
 func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("fraud config: %w", err)
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.Partitions < 2 {
 		// A partition's stream and state share a hash slot only under the
 		// partitions' hash tags; one partition keeps the plain key names.
-		return nil, fmt.Errorf("fraud config: on a Redis Cluster the stream must have at least 2 partitions (--partitions), so that each partition's keys share a hash slot")
+		return nil, fmt.Errorf("%w: on a Redis Cluster the stream must have at least 2 partitions (--partitions), so that each partition's keys share a hash slot", ErrConfig)
 	}
 	return &Consumer{
 		cfg:   cfg,
@@ -486,9 +486,7 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 				// often it is delivered. Only undecodable entries are
 				// dead-lettered.
 				c.stats.failed.Add(1)
-				if m := c.cfg.Metrics; m != nil {
-					m.failed.Inc()
-				}
+				c.cfg.Metrics.failedEntry()
 				if redis.HasErrorPrefix(err, "FENCED") {
 					err = fmt.Errorf("%w: %w", errFenced, err)
 				}
@@ -616,9 +614,7 @@ func (c *Consumer) invalid(ctx context.Context, f feed, m redis.XMessage, cause 
 	}
 	if moved == 1 {
 		c.stats.deadLettered.Add(1)
-		if m := c.cfg.Metrics; m != nil {
-			m.deadLettered.Inc()
-		}
+		c.cfg.Metrics.deadLetter()
 		log.Error("entry moved to the dead-letter stream", slog.String("dlq", f.keys.DeadLetters()))
 	}
 }

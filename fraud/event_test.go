@@ -76,8 +76,8 @@ func TestConfigValidate(t *testing.T) {
 		"ttl below idle":  {DedupeTTL: 2 * time.Minute, ClaimMinIdle: time.Hour},
 		"bad prefix":      {KeyPrefix: "x y"},
 	} {
-		if err := c.Validate(); err == nil {
-			t.Errorf("%s: accepted", name)
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: Validate = %v, want an ErrConfig", name, err)
 		}
 	}
 }

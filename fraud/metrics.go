@@ -51,6 +51,20 @@ func (m *Metrics) outcome(name string) {
 	m.processed.WithLabelValues(name).Inc()
 }
 
+// failedEntry and deadLetter do nothing on a nil *Metrics, as every
+// recording method.
+func (m *Metrics) failedEntry() {
+	if m != nil {
+		m.failed.Inc()
+	}
+}
+
+func (m *Metrics) deadLetter() {
+	if m != nil {
+		m.deadLettered.Inc()
+	}
+}
+
 func (m *Metrics) observeBatch(d time.Duration) {
 	if m != nil {
 		m.batch.Observe(d.Seconds())

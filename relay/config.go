@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -127,60 +129,43 @@ func (c Config) withDefaults() Config {
 		host, _ := os.Hostname()
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.ReapInterval == 0 {
-		c.ReapInterval = c.Lease / 2
-	}
-	if c.BusyPace == 0 {
-		c.BusyPace = DefaultBusyPace
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = min(DefaultPublishTimeout, c.Lease/2)
-	}
-	if c.ReplicaTimeout == 0 {
-		c.ReplicaTimeout = min(time.Second, c.PublishTimeout/2)
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffBase == 0 {
-		c.BackoffBase = DefaultBackoffBase
-	}
-	if c.BackoffMax == 0 {
-		c.BackoffMax = max(DefaultBackoffMax, c.BackoffBase)
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ReapInterval = cmp.Or(c.ReapInterval, c.Lease/2)
+	c.BusyPace = cmp.Or(c.BusyPace, DefaultBusyPace)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(DefaultPublishTimeout, c.Lease/2))
+	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, min(time.Second, c.PublishTimeout/2))
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
+	c.BackoffMax = cmp.Or(c.BackoffMax, max(DefaultBackoffMax, c.BackoffBase))
 	if c.StreamPrefix == "" && c.Stream == "" {
 		c.StreamPrefix = DefaultStreamPrefix
 	}
-	if c.Channel == "" {
-		c.Channel = DefaultChannel
-	}
-	if c.Partitions == 0 {
-		c.Partitions = 1
-	}
-	if c.TrimInterval == 0 {
-		c.TrimInterval = DefaultTrimInterval
-	}
+	c.Channel = cmp.Or(c.Channel, DefaultChannel)
+	c.Partitions = cmp.Or(c.Partitions, 1)
+	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
 	if c.StreamMaxLen == 0 && c.StreamRetention == 0 {
 		c.StreamRetention = DefaultStreamRetention
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
-// Validate reports the first setting that cannot work, after defaults.
+// ErrConfig is wrapped by every error of Validate, and so of New for a
+// Config that cannot work.
+var ErrConfig = errors.New("relay config")
+
+// Validate reports the first setting that cannot work, after defaults; the
+// error wraps ErrConfig.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	if err := c.withDefaults().validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+func (c Config) validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("batch size %d: must be between 1 and %d", c.BatchSize, MaxBatchSize)

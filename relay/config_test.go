@@ -64,8 +64,8 @@ func TestConfigValidate(t *testing.T) {
 		"bad stream":                {Stream: "a b"},
 		"bad prefix":                {StreamPrefix: "x\n"},
 	} {
-		if err := c.Validate(); err == nil {
-			t.Errorf("%s: accepted %+v", name, c)
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: Validate(%+v) = %v, want an ErrConfig", name, c, err)
 		}
 	}
 }

@@ -110,9 +110,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		case n != nil:
 			quiet = 0
 			r.stats.notifications.Add(1)
-			if m := r.cfg.Metrics; m != nil {
-				m.notifications.Inc()
-			}
+			r.cfg.Metrics.notified()
 			r.kick()
 		case ctx.Err() != nil:
 			return nil

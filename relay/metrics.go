@@ -108,6 +108,39 @@ func (m *Metrics) failure(eventType string) {
 	m.publishFailures.WithLabelValues(eventType).Inc()
 }
 
+// The recording methods do nothing on a nil *Metrics (no metrics
+// configured), so callers need no nil check.
+
+func (m *Metrics) notified() {
+	if m != nil {
+		m.notifications.Inc()
+	}
+}
+
+// polled(false) counts a fallback poll when it starts; polled(true) counts,
+// once it drained, that it found rows.
+func (m *Metrics) polled(withWork bool) {
+	switch {
+	case m == nil:
+	case withWork:
+		m.pollsWithWork.Inc()
+	default:
+		m.polls.Inc()
+	}
+}
+
+func (m *Metrics) reapedRows(n int) {
+	if m != nil {
+		m.reaped.Add(float64(n))
+	}
+}
+
+func (m *Metrics) trimmedEntries(n int64) {
+	if m != nil {
+		m.trimmed.Add(float64(n))
+	}
+}
+
 func (m *Metrics) delay(d time.Duration) {
 	if m != nil {
 		m.publishDelay.Observe(d.Seconds())

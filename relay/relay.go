@@ -120,7 +120,7 @@ type counters struct {
 // cfg but does not connect; Run does.
 func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("relay config: %w", err)
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	listenCfg := cfg.ListenConfig
@@ -229,9 +229,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		n, err := r.drain(ctx, polled)
 		if polled && n > 0 {
 			r.stats.pollsWithWork.Add(1)
-			if m := r.cfg.Metrics; m != nil {
-				m.pollsWithWork.Inc()
-			}
+			r.cfg.Metrics.polled(true)
 		}
 		polled = false
 		var wait time.Duration // until the next drain at the latest (0: poll)
@@ -266,9 +264,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 				goto wait // the database is failing: the backoff paces retries
 			}
 			r.stats.polls.Add(1)
-			if m := r.cfg.Metrics; m != nil {
-				m.polls.Inc()
-			}
+			r.cfg.Metrics.polled(false)
 			polled = true
 		}
 	}
@@ -1042,9 +1038,7 @@ func (r *Relay) Reap(ctx context.Context) (int, error) {
 		}
 	}
 	r.stats.reaped.Add(int64(total))
-	if m := r.cfg.Metrics; m != nil {
-		m.reaped.Add(float64(total))
-	}
+	r.cfg.Metrics.reapedRows(total)
 	return total, nil
 }
 

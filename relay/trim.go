@@ -63,9 +63,7 @@ func (r *Relay) trimLoop(ctx context.Context, rdb Trimmer) {
 				r.log.Warn("trimming failed", slog.String("stream", stream), slog.Any("error", err))
 			case n > 0:
 				r.log.Debug("trimmed stream", slog.String("stream", stream), slog.Int64("entries", n))
-				if m := r.cfg.Metrics; m != nil {
-					m.trimmed.Add(float64(n))
-				}
+				r.cfg.Metrics.trimmedEntries(n)
 			}
 		}
 	}
