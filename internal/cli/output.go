@@ -1,0 +1,65 @@
+package cli
+
+// Helpers that format the admin commands' output.
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// cell makes s one line of at most n runes, for a table cell.
+func cell(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+func orDash(s string) string {
+	if strings.TrimSpace(s) == "" {
+		return "-"
+	}
+	return s
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// list joins items with ", ", naming at most most of them.
+func list(items []string, most int) string {
+	if len(items) <= most {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:most], ", ") + fmt.Sprintf(" and %d more", len(items)-most)
+}
+
+// listFooter ends a listing: how many of how many dead things were shown.
+func listFooter(w io.Writer, shown int, total int64, noun, limitFlag string) {
+	if int64(shown) < total {
+		fmt.Fprintf(w, "%d of %d dead %ss shown (%s)\n", shown, total, noun, limitFlag)
+		return
+	}
+	fmt.Fprintf(w, "%d dead %s\n", total, plural(total, noun, noun+"s"))
+}
+
+// cleanupProgressEvery: how often a running cleanup logs its progress at info.
+const cleanupProgressEvery = 10 * time.Second
+
+// compareEntryIDs orders stream entry ids ("ms-seq") by time, then sequence.
+func compareEntryIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	num := func(s string) uint64 { n, _ := strconv.ParseUint(s, 10, 64); return n }
+	return cmp.Or(cmp.Compare(num(am), num(bm)), cmp.Compare(num(as), num(bs)))
+}
