@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/testenv"
 	outboxsql "github.com/tedbank/outbox/sql"
@@ -155,18 +156,10 @@ func (s *space) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = s.drop(ctx)
-	del := func(ctx context.Context, rdb redis.Cmdable) error {
-		iter := rdb.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		return iter.Err()
+	keys, _ := connect.Keys(ctx, s.rdb, s.prefix+"*")
+	for _, k := range keys {
+		s.rdb.Del(ctx, k)
 	}
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return del(ctx, c) })
-		return
-	}
-	_ = del(ctx, s.rdb)
 }
 
 // backlog counts the rows not yet published (pending or publishing) with the

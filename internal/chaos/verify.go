@@ -4,12 +4,12 @@ import (
 	"context"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/partition"
 )
 
@@ -21,29 +21,6 @@ const (
 
 // fraudKeys names anti-fraud's keys, in every partition.
 func (r *run) fraudKeys() fraud.Keys { return fraud.Keys{Prefix: keyPrefix, Partitions: r.parts} }
-
-// scanKeys lists the keys matching pattern: on every master of a cluster
-// (SCAN walks one node).
-func (r *run) scanKeys(ctx context.Context, pattern string) ([]string, error) {
-	var (
-		mu   sync.Mutex
-		keys []string
-	)
-	scan := func(ctx context.Context, node redis.Cmdable) error {
-		iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
-		for iter.Next(ctx) {
-			mu.Lock()
-			keys = append(keys, iter.Val())
-			mu.Unlock()
-		}
-		return iter.Err()
-	}
-	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
-		return keys, err
-	}
-	return keys, scan(ctx, r.rdb)
-}
 
 const (
 	// drainLimit bounds the wait for the pipeline to drain after the load.
@@ -348,7 +325,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		if n, err := r.rdb.XLen(ctx, k.DeadLetters()).Result(); err != nil || n != 0 {
 			r.problem("dead-letter stream %s: %d entries (err %v)", k.DeadLetters(), n, err)
 		}
-		seen, err := r.scanKeys(ctx, k.Seen("")+"*")
+		seen, err := connect.Keys(ctx, r.rdb, k.Seen("")+"*")
 		if err != nil && err != redis.Nil {
 			r.problem("scan dedupe markers: %v", err)
 		}
@@ -435,7 +412,7 @@ func (r *run) verdicts(ctx context.Context) (map[string]string, error) {
 	var names, ids []string
 	for _, k := range r.fraudKeys().Each() {
 		prefix := k.Verdict("")
-		found, err := r.scanKeys(ctx, prefix+"*")
+		found, err := connect.Keys(ctx, r.rdb, prefix+"*")
 		if err != nil {
 			return nil, err
 		}

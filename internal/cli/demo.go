@@ -111,22 +111,14 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 }
 
 // deleteKeys deletes the keys matching the patterns, on every master of a
-// cluster (SCAN lists one node's keys).
+// cluster.
 func deleteKeys(ctx context.Context, rdb redis.UniversalClient, patterns ...string) {
-	del := func(ctx context.Context, node redis.Cmdable) error {
-		for _, pattern := range patterns {
-			iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
-			for iter.Next(ctx) {
-				node.Del(ctx, iter.Val())
-			}
+	for _, pattern := range patterns {
+		keys, _ := connect.Keys(ctx, rdb, pattern)
+		for _, k := range keys {
+			rdb.Del(ctx, k)
 		}
-		return nil
 	}
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return del(ctx, node) })
-		return
-	}
-	_ = del(ctx, rdb)
 }
 
 // isTerminal reports whether w is a terminal (colours and a redrawn progress

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -109,6 +110,42 @@ type RedisOptions struct {
 	Cluster bool
 }
 
+// apply sets the options both client kinds share (redis.Options and
+// redis.ClusterOptions have the same fields, in different types).
+func (opt RedisOptions) apply(clientName *string, contextTimeout *bool, maxRetries, poolSize *int) {
+	*clientName = opt.ClientName
+	*contextTimeout = true
+	if opt.NoRetries {
+		*maxRetries = -1
+	}
+	if opt.PoolSize > 0 {
+		*poolSize = opt.PoolSize
+	}
+}
+
+// Keys returns the keys matching pattern, on every master of a Redis Cluster
+// (SCAN walks one node) or on the one server.
+func Keys(ctx context.Context, rdb redis.UniversalClient, pattern string) ([]string, error) {
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+		return keys, err
+	}
+	return keys, scan(ctx, rdb)
+}
+
 // RedisClient opens a client to rawURL, a Redis Cluster client when
 // opt.Cluster is set, and checks that every master answers.
 func RedisClient(ctx context.Context, rawURL string, opt RedisOptions) (redis.UniversalClient, error) {
@@ -120,14 +157,7 @@ func RedisClient(ctx context.Context, rawURL string, opt RedisOptions) (redis.Un
 		return nil, fmt.Errorf("bad Redis Cluster URL %s: %s (want redis://host:port?addr=host2:port2&addr=...)",
 			Redact(rawURL), redactErr(err, rawURL))
 	}
-	o.ClientName = opt.ClientName
-	o.ContextTimeoutEnabled = true
-	if opt.NoRetries {
-		o.MaxRetries = -1
-	}
-	if opt.PoolSize > 0 {
-		o.PoolSize = opt.PoolSize
-	}
+	opt.apply(&o.ClientName, &o.ContextTimeoutEnabled, &o.MaxRetries, &o.PoolSize)
 	rdb := redis.NewClusterClient(o)
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
@@ -146,14 +176,7 @@ func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client,
 	if err != nil {
 		return nil, fmt.Errorf("bad Redis URL %s: %s", Redact(rawURL), redactErr(err, rawURL))
 	}
-	o.ClientName = opt.ClientName
-	o.ContextTimeoutEnabled = true
-	if opt.NoRetries {
-		o.MaxRetries = -1
-	}
-	if opt.PoolSize > 0 {
-		o.PoolSize = opt.PoolSize
-	}
+	opt.apply(&o.ClientName, &o.ContextTimeoutEnabled, &o.MaxRetries, &o.PoolSize)
 	rdb := redis.NewClient(o)
 	pctx, cancel := context.WithTimeout(ctx, PingTimeout)
 	defer cancel()
