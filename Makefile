@@ -25,9 +25,12 @@ demo:
 	  $(GO) run ./cmd/outbox demo $(DEMO_FLAGS); \
 	fi
 
+# The relay tests run twice: with row claims (the default) and with
+# partition leases (relay --ownership partitions).
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	OUTBOX_RELAY_OWNERSHIP=partitions $(GO) test -race -count=1 .
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

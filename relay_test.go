@@ -78,7 +78,20 @@ func (f *fixture) keys() fraud.Keys {
 }
 
 func (f *fixture) relayConfig(name string) relay.Config {
-	return relay.Config{Name: name, StreamPrefix: f.streamPrefix(), PollInterval: 10 * time.Minute}
+	// OUTBOX_RELAY_OWNERSHIP=partitions runs the relay tests with
+	// partition leases (`make test-partitions`); the tests of row claims
+	// themselves set Ownership.
+	return relay.Config{Name: name, StreamPrefix: f.streamPrefix(), PollInterval: 10 * time.Minute,
+		Ownership: os.Getenv("OUTBOX_RELAY_OWNERSHIP")}
+}
+
+// rowsRelayConfig is relayConfig for the tests of row claims themselves
+// (claimed_by, claim tokens, the reaper): Ownership OwnRows, whatever
+// OUTBOX_RELAY_OWNERSHIP says.
+func (f *fixture) rowsRelayConfig(name string) relay.Config {
+	cfg := f.relayConfig(name)
+	cfg.Ownership = relay.OwnRows
+	return cfg
 }
 
 func (f *fixture) newRelay(cfg relay.Config, rdb relay.Pipeliner) *relay.Relay {
@@ -100,6 +113,38 @@ func (f *fixture) newRelayWithPool(pool *pgxpool.Pool, cfg relay.Config) *relay.
 		f.t.Fatal(err)
 	}
 	return r
+}
+
+// drainInBackground drains one batch with r in a goroutine and delivers its
+// result.
+func (f *fixture) drainInBackground(r *relay.Relay) <-chan relay.BatchResult {
+	done := make(chan relay.BatchResult, 1)
+	go func() {
+		res, err := r.DrainBatch(f.ctx)
+		if err != nil {
+			f.t.Errorf("drain: %v", err)
+		}
+		done <- res
+	}()
+	return done
+}
+
+// drainAll drains batches with r until one finds nothing, and returns the
+// rows published. (With partition leases a batch takes one event per
+// partition key, so a few TEDs of one sender take several batches.)
+func (f *fixture) drainAll(r *relay.Relay) int {
+	f.t.Helper()
+	published := 0
+	for {
+		res, err := r.DrainBatch(f.ctx)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		published += res.Published
+		if res.Claimed == 0 {
+			return published
+		}
+	}
 }
 
 // run runs fn in the background until the test ends or stop is called.
@@ -423,7 +468,7 @@ func TestListenReconnectsAndCatchesUp(t *testing.T) {
 func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 	f := newFixture(t)
 	teds := f.settle(30)
-	f.runUntilKilled(f.outboxCmd("relay.after-claim", "relay", "--stream-prefix", f.streamPrefix(), "--batch", "100", "--lease", "1s"))
+	f.runUntilKilled(f.outboxCmd("relay.after-claim", "relay", "--ownership", "rows", "--stream-prefix", f.streamPrefix(), "--batch", "100", "--lease", "1s"))
 
 	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'publishing' AND claim_token IS NOT NULL"); n != 30 {
 		t.Fatalf("%d rows publishing after the crash, want 30", n)
@@ -432,7 +477,7 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 		t.Fatalf("stream holds %d entries, want 0 (the relay died before XADD)", got)
 	}
 
-	cfg := f.relayConfig("r2")
+	cfg := f.rowsRelayConfig("r2")
 	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
 	r := f.newRelay(cfg, nil)
 	f.run(r.Run)
@@ -477,15 +522,8 @@ func TestStaleRelayIsFenced(t *testing.T) {
 	teds := f.settle(10)
 
 	stallA := &stallingRedis{Client: f.rdb.Client, published: make(chan struct{}), release: make(chan struct{})}
-	a := f.newRelay(f.relayConfig("relay-a"), stallA)
-	resA := make(chan relay.BatchResult, 1)
-	go func() {
-		res, err := a.DrainBatch(f.ctx)
-		if err != nil {
-			t.Errorf("relay A: %v", err)
-		}
-		resA <- res
-	}()
+	a := f.newRelay(f.rowsRelayConfig("relay-a"), stallA)
+	resA := f.drainInBackground(a)
 	<-stallA.published // A published and is now stuck before marking
 
 	// A's lease runs out (aged on the database clock, no sleeping).
@@ -493,18 +531,11 @@ func TestStaleRelayIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	stallB := &stallingRedis{Client: f.rdb.Client, published: make(chan struct{}), release: make(chan struct{})}
-	b := f.newRelay(f.relayConfig("relay-b"), stallB)
+	b := f.newRelay(f.rowsRelayConfig("relay-b"), stallB)
 	if n, err := b.Reap(f.ctx); err != nil || n != 10 {
 		t.Fatalf("reaped %d (err %v), want 10", n, err)
 	}
-	resB := make(chan relay.BatchResult, 1)
-	go func() {
-		res, err := b.DrainBatch(f.ctx)
-		if err != nil {
-			t.Errorf("relay B: %v", err)
-		}
-		resB <- res
-	}()
+	resB := f.drainInBackground(b)
 	<-stallB.published // B re-claimed and published; it has not marked yet
 
 	close(stallA.release)
@@ -573,7 +604,7 @@ func TestRelaysDrainDisjointRows(t *testing.T) {
 	var maxClaim, published, fenced int
 	var mu sync.Mutex
 	for i := range 4 {
-		cfg := f.relayConfig(fmt.Sprintf("r%d", i))
+		cfg := f.rowsRelayConfig(fmt.Sprintf("r%d", i))
 		cfg.BatchSize = batch
 		r := f.newRelay(cfg, counter)
 		wg.Go(func() {
@@ -666,10 +697,19 @@ func (f *fixture) publishThroughFlakyRelays(partitions, total int) {
 func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
 	f := newFixture(t)
 	const aggregates, perAggregate = 20, 25
-	// Interleave the aggregates' events over many transactions.
-	for i := range perAggregate {
+	f.writeInterleaved(aggregates, perAggregate)
+	f.publishThroughFlakyRelays(1, aggregates*perAggregate)
+	f.checkInterleavedOrder(aggregates, perAggregate)
+}
+
+// writeInterleaved writes perKey events for each of keys aggregates
+// (acct-00, acct-01...), interleaved over perKey transactions; event i of an
+// aggregate has payload {"n": i}.
+func (f *fixture) writeInterleaved(keys, perKey int) {
+	f.t.Helper()
+	for i := range perKey {
 		err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
-			msgs := make([]outbox.Message, aggregates)
+			msgs := make([]outbox.Message, keys)
 			for a := range msgs {
 				msgs[a] = outbox.Message{
 					AggregateType: "account", AggregateID: fmt.Sprintf("acct-%02d", a),
@@ -680,29 +720,31 @@ func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
 			return err
 		})
 		if err != nil {
-			t.Fatal(err)
+			f.t.Fatal(err)
 		}
 	}
+}
 
-	total := aggregates * perAggregate
-	f.publishThroughFlakyRelays(1, total)
-
+// checkInterleavedOrder checks that the account stream holds writeInterleaved's
+// events once each, every aggregate's in the order written.
+func (f *fixture) checkInterleavedOrder(keys, perKey int) {
+	f.t.Helper()
 	msgs, err := f.rdb.XRange(f.ctx, f.streamPrefix()+"account", "-", "+").Result()
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	if len(msgs) != total {
-		t.Fatalf("stream holds %d entries, want %d", len(msgs), total)
+	if len(msgs) != keys*perKey {
+		f.t.Fatalf("stream holds %d entries, want %d", len(msgs), keys*perKey)
 	}
 	next := map[string]int{}
 	for _, m := range msgs {
 		agg := m.Values["aggregate_id"].(string)
 		var p struct{ N int }
 		if err := json.Unmarshal([]byte(m.Values["payload"].(string)), &p); err != nil {
-			t.Fatal(err)
+			f.t.Fatal(err)
 		}
 		if p.N != next[agg] {
-			t.Fatalf("aggregate %s: got event %d, want %d (out of order)", agg, p.N, next[agg])
+			f.t.Fatalf("aggregate %s: got event %d, want %d (out of order)", agg, p.N, next[agg])
 		}
 		next[agg]++
 	}
@@ -798,12 +840,18 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND attempts = 0 AND last_error LIKE 'released:%'"); n != 3 {
+	released := "last_error LIKE 'released:%'" // row claims give the rows back
+	if cfg.Ownership == relay.OwnPartitions {
+		released = "claim_token IS NULL" // partition owners only read them
+	}
+	if n := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND attempts = 0 AND " + released); n != 3 {
 		t.Fatalf("%d rows pending with no attempt spent, want 3", n)
 	}
-	up := f.newRelay(cfg, nil)
-	if res, err := up.DrainBatch(f.ctx); err != nil || res.Published != 3 {
-		t.Fatalf("after the outage: %+v, %v", res, err)
+	// Another relay takes over (with partition leases, once the first
+	// relay's leases have run out: aged on the database clock).
+	f.expireRelayLeases()
+	if n := f.drainAll(f.newRelay(cfg, nil)); n != 3 {
+		t.Fatalf("after the outage: %d published, want 3", n)
 	}
 }
 
@@ -814,7 +862,7 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 func TestCrashAfterPublishBeforeMarkAppliesEffectOnce(t *testing.T) {
 	f := newFixture(t)
 	teds := f.settle(8)
-	f.runUntilKilled(f.outboxCmd("relay.after-xadd", "relay", "--stream-prefix", f.streamPrefix(), "--lease", "1s"))
+	f.runUntilKilled(f.outboxCmd("relay.after-xadd", "relay", "--ownership", "rows", "--stream-prefix", f.streamPrefix(), "--lease", "1s"))
 	if got := len(f.entries(f.stream())); got != 8 {
 		t.Fatalf("stream holds %d entries after the crash, want 8", got)
 	}
@@ -822,7 +870,7 @@ func TestCrashAfterPublishBeforeMarkAppliesEffectOnce(t *testing.T) {
 		t.Fatalf("%d rows publishing after the crash, want 8 (never marked)", n)
 	}
 
-	cfg := f.relayConfig("r2")
+	cfg := f.rowsRelayConfig("r2")
 	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
 	f.run(f.newRelay(cfg, nil).Run)
 	outboxtest.Eventually(t, 15*time.Second, func() bool {
@@ -907,7 +955,7 @@ func TestDuplicateDeliveryAppliesEffectOnce(t *testing.T) {
 		if _, err := f.pool.Exec(f.ctx, "UPDATE outbox_messages SET status = 'pending', claim_token = NULL, published_at = NULL"); err != nil {
 			t.Fatal(err)
 		}
-		if res, err := f.newRelay(f.relayConfig("r"), nil).DrainBatch(f.ctx); err != nil || res.Published != 20 {
+		if res, err := f.newRelay(f.rowsRelayConfig("r"), nil).DrainBatch(f.ctx); err != nil || res.Published != 20 {
 			t.Fatalf("publish: %+v %v", res, err)
 		}
 	}
@@ -1089,7 +1137,7 @@ func TestClaimSkipsLockedRows(t *testing.T) {
 	defer cancel()
 	done := make(chan relay.BatchResult, 1)
 	go func() {
-		res, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(ctx)
+		res, err := f.newRelay(f.rowsRelayConfig("r1"), nil).DrainBatch(ctx)
 		if err != nil {
 			t.Error(err)
 		}

@@ -420,7 +420,7 @@ func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
 		return bytes.Contains(logs.Bytes(), []byte("database reachable again"))
-	}, "the relay never said the database is back")
+	}, "the relay never said the database is back: %s", logs.Bytes())
 
 	var warns, attempts, reachable, relistened int
 	for _, line := range bytes.Split(logs.Bytes(), []byte("\n")) {

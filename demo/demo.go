@@ -422,7 +422,8 @@ func (d *demo) deadRelay(ctx context.Context) error {
 	doomedCtx, cancelDoomed := context.WithTimeout(ctx, 30*time.Second)
 	defer cancelDoomed()
 	cmd := exec.CommandContext(doomedCtx, d.Binary, "relay", "--name", "doomed-relay", "--stream-prefix", d.StreamPrefix,
-		"--lease", lease.String(), "--log-level", "error", "--partitions", strconv.Itoa(max(d.Partitions, 1)))
+		"--lease", lease.String(), "--log-level", "error", "--partitions", strconv.Itoa(max(d.Partitions, 1)),
+		"--ownership", relay.OwnRows) // the scenario shows a row claim and its reaping
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DatabaseURL, "REDIS_URL="+d.RedisURL, "OUTBOX_FAILPOINT=relay.after-claim",
 		"REDIS_CLUSTER="+strconv.FormatBool(d.Cluster))
 	out, err := cmd.CombinedOutput()

@@ -73,6 +73,10 @@ type Relay struct {
 	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
 	qBusy, qSleep                                        string
 
+	// leases: the partition slots this relay holds, with Config.Ownership
+	// OwnPartitions (partitions.go). Owned by drainLoop.
+	leases leases
+
 	// Owned by drainLoop: what this relay may assume about the writers
 	// (wakeup.go), and when rows it failed become claimable again.
 	state   wakeState
@@ -132,7 +136,7 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		}
 		listenCfg.RuntimeParams["application_name"] = app + "-listen"
 	}
-	return &Relay{
+	r := &Relay{
 		cfg:            cfg,
 		pool:           pool,
 		rdb:            rdb,
@@ -150,9 +154,19 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
-		state: unsure,
-	}, nil
+		state:  unsure,
+		leases: leases{owner: cfg.Name + "-" + uuid.NewString()[:8]},
+	}
+	if r.ownsPartitions() {
+		r.qClaim = outboxsql.Query("relay_read")
+		r.qMarkPublished = outboxsql.Query("relay_mark_published_leased")
+		r.qMarkFailed = outboxsql.Query("relay_mark_failed_leased")
+	}
+	return r, nil
 }
+
+// ownsPartitions: this relay leases partition slots rather than claiming rows.
+func (r *Relay) ownsPartitions() bool { return r.cfg.Ownership == OwnPartitions }
 
 // Ready reports why the relay cannot do its work right now, or nil: the
 // database and Redis answer and the LISTEN connection is up.
@@ -189,7 +203,7 @@ func (r *Relay) Stats() Stats {
 func (r *Relay) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	r.log.Info("relay starting",
+	r.log.Info("relay starting", slog.String("ownership", r.cfg.Ownership),
 		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
 
@@ -223,6 +237,15 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	// On the way out, tell writers to notify again and wake the other
 	// relays: they may be asleep, waiting for writers this relay silenced.
 	defer r.sleepOnExit()
+	// Before that, give back the partition leases (if any) so that the
+	// relays it wakes can take them.
+	defer r.leaveLeases()
+	var renew <-chan time.Time // partition leases: renewals while idle
+	if r.ownsPartitions() {
+		t := time.NewTicker(r.leaseRenewInterval())
+		defer t.Stop()
+		renew = t.C
+	}
 	polled := false
 	for {
 		started := time.Now()
@@ -259,6 +282,9 @@ func (r *Relay) drainLoop(ctx context.Context) {
 			return
 		case <-r.wake:
 		case <-retryTimer.C:
+		case <-renew:
+			r.renewLeasesIfDue(ctx)
+			goto wait // it kicks the drainer if it took slots
 		case <-poll.C:
 			if time.Now().Before(r.dbRetryAt) {
 				goto wait // the database is failing: the backoff paces retries
@@ -374,6 +400,14 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		}
 	}()
 	for ctx.Err() == nil {
+		if r.leaseRenewalDue() {
+			// The last batch's mark goes first: a slot given back with
+			// its mark unsent would leave its rows to be published twice.
+			if err := flush(); err != nil {
+				return published, err
+			}
+			r.renewLeasesIfDue(ctx)
+		}
 		var res BatchResult
 		res, pending, err = r.drainBatch(ctx, op, pending, true)
 		if err != nil {
@@ -560,7 +594,10 @@ type message struct {
 // DrainBatch claims one batch, publishes it and records the outcome. Once rows
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
 // timeout), so a shutdown never strands a claim until the lease expires.
+// With partition leases it first renews them when due (it must not be
+// called while Run runs).
 func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	r.renewLeasesIfDue(ctx) // with partition leases: take or renew this relay's share
 	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
 	return res, err
 }
@@ -572,6 +609,29 @@ type pendingMark struct {
 	ids       []uuid.UUID
 	streamIDs []string
 	token     uuid.UUID
+	// With partition leases: each row's seq, slot and the lease token it
+	// was read under (token is then unused).
+	seqs   []int64
+	slots  []int32
+	tokens []uuid.UUID
+}
+
+// add records one published row.
+func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) {
+	m.ids = append(m.ids, id)
+	m.seqs = append(m.seqs, seq)
+	m.streamIDs = append(m.streamIDs, streamID)
+	m.slots = append(m.slots, l.slot)
+	m.tokens = append(m.tokens, l.token)
+}
+
+// args are relay_mark_published's arguments, or with partition leases
+// relay_mark_published_leased's.
+func (m *pendingMark) args(leased bool) []any {
+	if leased {
+		return []any{m.ids, m.streamIDs, m.slots, m.tokens}
+	}
+	return []any{m.ids, m.streamIDs, m.token}
 }
 
 // drainBatch is DrainBatch with three more inputs: op is sent ahead of the
@@ -579,6 +639,50 @@ type pendingMark struct {
 // the result; with deferMark, this batch's own mark of the published rows is
 // returned for the next call instead of being sent.
 func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
+	if !r.ownsPartitions() || prev == nil {
+		return r.drainOne(ctx, op, prev, nil, deferMark)
+	}
+	// With partition leases the last batch's mark, the costliest statement
+	// (a non-HOT update per row), runs on a connection of its own while this
+	// batch is read and published: the read leaves the last batch's rows
+	// out, and may take the next event of their keys, which is published
+	// after them. (A batch whose publishes failed records that before it
+	// returns, so the read already sees those rows waiting for their retry.)
+	join := r.markAsync(ctx, prev)
+	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
+	var prevRes BatchResult
+	if merr := join(&prevRes); merr != nil {
+		err = errors.Join(err, merr)
+	}
+	res.Published += prevRes.Published
+	res.Fenced += prevRes.Fenced
+	return res, next, err
+}
+
+// markAsync sends m's mark on its own connection; the returned function
+// waits for it and counts it in res.
+func (r *Relay) markAsync(ctx context.Context, m *pendingMark) func(res *BatchResult) error {
+	done := make(chan struct{})
+	var (
+		res BatchResult
+		err error
+	)
+	go func() {
+		defer close(done)
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		err = r.markPublished(mctx, &res, m)
+	}()
+	return func(into *BatchResult) error {
+		<-done
+		*into = res
+		return err
+	}
+}
+
+// drainOne is drainBatch in one piece: it also leaves out of its claim the
+// rows of seqs (a batch whose mark is in flight).
+func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, exclude []int64, deferMark bool) (BatchResult, *pendingMark, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, prev, err
 	}
@@ -590,7 +694,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev)
+	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev, exclude)
 	if err != nil {
 		if prev != nil {
 			// The mark rolled back with the claim; send it on its own, with
@@ -608,6 +712,14 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	res := BatchResult{Slept: slept}
 	if prev != nil {
 		r.notePublished(&res, prev, prevMarked)
+	}
+	var rowLeases []rowLease // with partition leases: each row's slot and token
+	if r.ownsPartitions() {
+		msgs = firstOfEachKey(msgs)
+		rowLeases = make([]rowLease, len(msgs))
+		for i, m := range msgs {
+			rowLeases[i] = r.leaseOf(m)
+		}
 	}
 	res.Claimed = len(msgs)
 	if len(msgs) == 0 {
@@ -634,17 +746,22 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	}
 
 	var (
-		ok                  = pendingMark{token: token}
-		failIDs, releaseIDs []uuid.UUID
-		failErrs            []string
-		failDelays          []int64
+		ok         = pendingMark{token: token}
+		failed     = pendingMark{token: token} // streamIDs: the errors
+		releaseIDs []uuid.UUID
+		failDelays []int64
 	)
+	leaseOf := func(i int) rowLease {
+		if rowLeases == nil {
+			return rowLease{}
+		}
+		return rowLeases[i]
+	}
 	for i, m := range msgs {
 		switch {
 		case errs[i] == nil:
 			r.noteStream(streams[i])
-			ok.ids = append(ok.ids, m.ID)
-			ok.streamIDs = append(ok.streamIDs, ids[i])
+			ok.add(m.ID, m.Seq, ids[i], leaseOf(i))
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
 		case brokerUnavailable(errs[i]):
 			res.BrokerDown = true
@@ -653,8 +770,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 		default:
 			res.Err = errs[i]
 			r.cfg.Metrics.failure(m.EventType)
-			failIDs = append(failIDs, m.ID)
-			failErrs = append(failErrs, truncate(errs[i].Error(), 1000))
+			failed.add(m.ID, m.Seq, truncate(errs[i].Error(), 1000), leaseOf(i))
 			delay := retry.Backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
 			failDelays = append(failDelays, delay.Milliseconds())
 			if res.RetryIn == 0 || delay < res.RetryIn {
@@ -685,14 +801,20 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 			return res, nil, err
 		}
 	}
-	if len(failIDs) > 0 {
-		n, err := r.markFailed(ctx, token, failIDs, failErrs, failDelays)
+	if len(failed.ids) > 0 {
+		n, err := r.markFailed(ctx, &failed, failDelays)
 		if err != nil {
-			return res, next, fmt.Errorf("record %d failed publishes: %w", len(failIDs), err)
+			return res, next, fmt.Errorf("record %d failed publishes: %w", len(failed.ids), err)
 		}
 		res.Failed = n
 	}
-	if len(releaseIDs) > 0 {
+	if len(releaseIDs) > 0 && r.ownsPartitions() {
+		// Nothing to give back: the rows were only read, and stay
+		// pending for this relay's next read.
+		res.Released = len(releaseIDs)
+		res.RetryIn = releaseDelay
+		res.retries = append(res.retries, releaseDelay)
+	} else if len(releaseIDs) > 0 {
 		n, err := r.release(ctx, token, releaseIDs, releaseDelay, res.Err)
 		if err != nil {
 			return res, next, err
@@ -721,13 +843,17 @@ type failedRow struct {
 // reports each row that went dead at ERROR: it will not be published again
 // until an operator retries it (outbox dead retry), and the events of its
 // aggregate after it wait for that.
-func (r *Relay) markFailed(ctx context.Context, token uuid.UUID, ids []uuid.UUID, errs []string, delays []int64) (int, error) {
+func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) (int, error) {
 	var (
 		b    pgx.Batch
 		rows []failedRow
+		args = []any{f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts}
 	)
+	if r.ownsPartitions() {
+		args = []any{f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts}
+	}
 	queueRelayTx(&b)
-	b.Queue(r.qMarkFailed, ids, errs, delays, token, r.cfg.MaxAttempts).Query(func(rs pgx.Rows) error {
+	b.Queue(r.qMarkFailed, args...).Query(func(rs pgx.Rows) error {
 		var err error
 		rows, err = pgx.CollectRows(rs, pgx.RowToStructByPos[failedRow])
 		return err
@@ -749,7 +875,7 @@ func (r *Relay) markFailed(ctx context.Context, token uuid.UUID, ids []uuid.UUID
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.exec(ctx, r.qMarkPublished, m.ids, m.streamIDs, m.token)
+	tag, err := r.exec(ctx, r.qMarkPublished, m.args(r.ownsPartitions())...)
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}
@@ -775,7 +901,7 @@ func (r *Relay) notePublished(res *BatchResult, m *pendingMark, n int) {
 // claim claims one batch under token. In the same round trip it first tells
 // writers what op says and marks prev published (it returns how many of
 // prev's rows that mark updated).
-func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) (_ []message, marked int, slept bool, _ error) {
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark, exclude []int64) (_ []message, marked int, slept bool, _ error) {
 	var (
 		msgs []message
 		b    pgx.Batch
@@ -798,13 +924,17 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
 	if prev != nil {
-		b.Queue(r.qMarkPublished, prev.ids, prev.streamIDs, prev.token).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())...).Exec(func(tag pgconn.CommandTag) error {
 			marked = int(tag.RowsAffected())
 			return nil
 		})
 	}
 	b.Queue(indexedClaim)
-	b.Queue(r.qClaim, r.cfg.BatchSize, token, r.cfg.Name).Query(func(rows pgx.Rows) error {
+	args := []any{r.cfg.BatchSize, token, r.cfg.Name}
+	if r.ownsPartitions() {
+		args = []any{r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...)}
+	}
+	b.Queue(r.qClaim, args...).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
 		return err

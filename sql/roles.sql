@@ -33,3 +33,7 @@ GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_idle TO outbox_relay; -- outbox_re
 
 GRANT outbox_relay TO outbox_admin;
 GRANT DELETE ON outbox_messages TO outbox_admin;
+
+-- Partition leases (migration 0010), for relays with --ownership partitions.
+GRANT SELECT, UPDATE ON outbox_relay_partitions TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_members TO outbox_relay;

@@ -91,6 +91,8 @@ type Env struct {
 	// Partitions is the relays' and consumers' (drain, consume, latency,
 	// sustained); 0 means 1.
 	Partitions int
+	// Ownership is the relays' (relay.Config.Ownership); empty: the default.
+	Ownership string
 }
 
 func (e Env) partitions() int { return max(e.Partitions, 1) }

@@ -54,7 +54,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 		}
 		if rs[i], err = relay.New(rp, s.rdb, relay.Config{
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
-			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(),
+			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(), Ownership: e.Ownership,
 		}); err != nil {
 			return Result{}, err
 		}

@@ -46,7 +46,7 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas,
+	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas, Ownership: e.Ownership,
 		Partitions: e.partitions()})
 	if err != nil {
 		return nil, err

@@ -105,7 +105,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	if err != nil {
 		return Result{}, err
 	}
-	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log})
+	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log, Ownership: e.Ownership})
 	if err != nil {
 		return Result{}, err
 	}

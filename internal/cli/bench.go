@@ -12,6 +12,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/bench"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/relay"
 )
 
 // benchScenarios are the scenarios of 'outbox bench', in the order of -h.
@@ -73,6 +74,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 	}
+	var ownership *string
+	if scenario != "consume" {
+		ownership = fs.String("ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnRows), "the relays' --ownership: rows or partitions (env OUTBOX_RELAY_OWNERSHIP)")
+	}
 	var partitions func() (int, error)
 	if scenario != "writers" {
 		partitions = partitionsFlag(e, fs, "the relays' and consumers' partitions")
@@ -105,6 +110,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--poll must be at least 1ms")
 	case minReplicas != nil && *minReplicas < 0:
 		return usagef("--min-replicas must not be negative")
+	case ownership != nil && *ownership != relay.OwnRows && *ownership != relay.OwnPartitions:
+		return usagef("--ownership %q: want %s or %s", *ownership, relay.OwnRows, relay.OwnPartitions)
 	}
 	nParts := 1
 	if partitions != nil {
@@ -160,6 +167,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		env.MinReplicas = *minReplicas
 	}
 	env.Partitions = nParts
+	if ownership != nil {
+		env.Ownership = *ownership
+	}
 
 	one := func(r bench.Result, err error) ([]bench.Result, error) { return []bench.Result{r}, err }
 	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {

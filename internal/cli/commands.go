@@ -92,7 +92,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("relay", &c)
 	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
-	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease; expired claims are returned to pending")
+	fs.StringVar(&cfg.Ownership, "ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnRows),
+		"how relays divide the outbox: rows (claim each row) or partitions (lease slots of partition keys; every relay of a database must use the same) (env OUTBOX_RELAY_OWNERSHIP)")
+	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease with --ownership partitions; expired claims are returned to pending")
 	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
 	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
 	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")

@@ -1,0 +1,33 @@
+-- Read up to $1 publishable rows of the slots $3 (of $2 slots) that this
+-- relay leases (relay.Config.Ownership "partitions"; migration 0010), other
+-- than the rows $4 (published, their mark still in flight). No
+-- lock and no UPDATE: the lease makes these rows this relay's alone, and the
+-- mark is fenced by the lease's token instead (relay_mark_published_leased).
+--
+-- ORDER BY seq: a slot's rows are published in commit order per partition
+-- key (writers of one key commit in seq order: outbox_lock_partitions).
+-- NOT EXISTS: a row waits while an older row of its partition key waits for
+-- a retry (attempts > 0, still unpublished); the partial index of migration
+-- 0010 holds only such rows, so the anti-join reads next to nothing.
+-- The relay keeps the first row of each partition key and leaves the rest to
+-- its next read, so that a failed publish can never be overtaken by a later
+-- event of the same key published in the same pipeline.
+SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
+       o.payload, o.headers, o.attempts, o.created_at,
+       coalesce(o.partition_key, o.aggregate_id) AS partition_key
+  FROM outbox_messages o
+ WHERE o.unpublished
+   AND o.status = 'pending'
+   AND o.next_attempt_at <= now()
+   AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), $2) = ANY($3::int[])
+   AND o.seq NOT IN (SELECT unnest($4::bigint[]))
+   AND NOT EXISTS (
+       SELECT 1
+         FROM outbox_messages p
+        WHERE p.unpublished
+          AND p.attempts > 0
+          AND p.aggregate_type = o.aggregate_type
+          AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
+          AND p.seq < o.seq)
+ ORDER BY o.seq
+ LIMIT $1
