@@ -1,14 +1,21 @@
 package outbox_test
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
 )
 
 // Relays with partition leases (relay.Config.Ownership = "partitions").
@@ -236,7 +243,115 @@ func TestKilledPartitionOwnersSlotsMoveWithinTheLease(t *testing.T) {
 		t.Fatalf("published %s after the kill: the dead relay's leases (2s) were not respected", d)
 	}
 	f.run(f.consumer("c1", nil).Run)
-	all := append(teds, more...)
+	all := append(teds, more...) //nolint:gocritic // teds is not used again
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == int64(len(all)) }, "verdicts missing")
 	f.checkEffectsOnce(all)
+}
+
+// A relay restarted under the name of one that was killed takes its slots
+// back at once (with new tokens), without waiting for the leases.
+func TestRestartedPartitionOwnerTakesItsSlotsBack(t *testing.T) {
+	f := newFixture(t)
+	cmd := f.outboxCmd("relay.after-claim", "relay", "--name", "r1", "--stream-prefix", f.streamPrefix(),
+		"--ownership", "partitions", "--lease", "1h")
+	f.settle(3)
+	f.runUntilKilled(cmd) // read its rows, then died holding every slot for an hour
+	var before []string
+	rows, err := f.pool.Query(f.ctx, "SELECT token::text FROM outbox_relay_partitions WHERE owner = 'r1' AND lease_until > now() ORDER BY slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(before) != 16 {
+		t.Fatalf("the killed relay holds %d slots (err %v), want 16", len(before), err)
+	}
+
+	cfg := f.partitionRelayConfig("r1")
+	cfg.Lease = time.Hour
+	f.run(f.newRelay(cfg, nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 3
+	}, "the restarted relay did not publish its predecessor's slots")
+	if n := f.count("SELECT count(*) FROM outbox_relay_partitions WHERE token::text = ANY($1)", before); n != 0 {
+		t.Fatalf("%d slots kept the killed process's token, want new tokens", n)
+	}
+}
+
+// Writers stop notifying while any relay is busy, but a relay that owns
+// partitions drains only its own slots: while busy it wakes the others at
+// every batch, and once more when it says "sleep". Relay a drains a stream
+// of commits in its own slots (busy: writers silent) while relay b sleeps;
+// TEDs committed meanwhile in b's slots are published without waiting for
+// b's poll (ten minutes).
+func TestBusyPartitionOwnerWakesTheOthers(t *testing.T) {
+	f := newFixture(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	for _, name := range []string{"a", "b"} {
+		cfg := f.partitionRelayConfig(name)
+		cfg.Logger = log.With("relay", name)
+		f.run(f.newRelay(cfg, nil).Run)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.leaseHolders()
+		return len(h) == 2 && all(h, 8)
+	}, "the two relays did not share the slots")
+	slotsOf := func(owner string) map[int]bool {
+		rows, err := f.pool.Query(f.ctx, "SELECT slot FROM outbox_relay_partitions WHERE owner = $1", owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[int]bool{}
+		for _, s := range slots {
+			m[int(s)] = true
+		}
+		return m
+	}
+	// Senders whose TEDs fall in a's slots, and in b's.
+	var sendersA, sendersB []string
+	ofA, ofB := slotsOf("a"), slotsOf("b")
+	for i := 0; len(sendersA) < 50 || len(sendersB) < 20; i++ {
+		key := fmt.Sprintf("acct-%d", i)
+		switch slot := partition.Of(key, 16); {
+		case ofA[slot] && len(sendersA) < 50:
+			sendersA = append(sendersA, key)
+		case ofB[slot] && len(sendersB) < 20:
+			sendersB = append(sendersB, key)
+		}
+	}
+	settle := func(from string) {
+		ted := transfer.Transfer{ID: uuid.New(), FromAccount: from, ToAccount: "acct-x", AmountCents: 100}
+		if _, err := transfer.Settle(f.ctx, f.pool, ted); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Eight writers keep relay a busy until the end of the test.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	defer func() { close(stop); wg.Wait() }()
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				settle(sendersA[i%len(sendersA)])
+			}
+		})
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return bytes.Contains(logs.Bytes(), []byte("state=busy relay=a")) || bytes.Contains(logs.Bytes(), []byte("relay=a state=busy"))
+	}, "relay a never told writers it was busy")
+	for _, from := range sendersB {
+		settle(from)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.count("SELECT count(*) FROM outbox_messages WHERE partition_key = ANY($1) AND status = 'published'", sendersB) == len(sendersB)
+	}, "TEDs committed in b's slots while a was busy waited for b's poll (ten minutes)")
 }

@@ -59,7 +59,10 @@ const (
 
 // Config tunes a Relay. The zero value of every field means its default.
 type Config struct {
-	// Name identifies this relay in claimed_by and logs. Default: hostname-pid.
+	// Name identifies this relay in claimed_by and logs, and owns its
+	// partition leases (OwnPartitions): a relay restarted under the same
+	// name takes its predecessor's slots back at once, so names must be
+	// unique among the relays running. Default: hostname-pid.
 	Name string
 	// BatchSize is how many rows one claim takes (and one pipeline publishes).
 	BatchSize int

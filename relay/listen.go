@@ -107,6 +107,8 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
+		case n != nil && n.Payload == r.wakePayload():
+			quiet = 0 // this relay's own wake-up call to the others
 		case n != nil:
 			quiet = 0
 			r.stats.notifications.Add(1)

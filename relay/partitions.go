@@ -32,10 +32,13 @@ import (
 // batches and while idle, so a slot is never given back with a batch of it
 // in flight.
 type leases struct {
-	owner string // this relay instance: Config.Name and a random suffix
+	owner string // Config.Name: unique among the live relays
 	slots int    // number of slots, read from the table
-	held  map[int]lease
-	due   time.Time // next renewal
+	// renewed: the first renewal is done (the one that takes back, with new
+	// tokens, the slots a killed process of the same name held).
+	renewed bool
+	held    map[int]lease
+	due     time.Time // next renewal
 }
 
 // lease is one slot this relay holds: the fencing token, and until when this
@@ -56,7 +59,7 @@ func (r *Relay) leaseRenewInterval() time.Duration {
 
 // renewLeases renews the slots this relay holds, gives back those above its
 // share and takes free ones up to it, in one transaction. It reports whether
-// it took any (the caller drains them).
+// it holds more than before (the caller drains them).
 func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 	l := &r.leases
 	ctx, cancel := context.WithTimeout(ctx, markTimeout)
@@ -69,7 +72,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.Query("relay_lease_renew"), l.owner, leaseMS)
+	held, err := collectLeases(ctx, tx, outboxsql.Query("relay_lease_renew"), l.owner, leaseMS, !l.renewed)
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
@@ -107,12 +110,12 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		next[h.Slot] = lease{token: h.Token, until: until}
 	}
 	lost := 0
-	for s := range l.held {
+	for s := range l.held { // slots renewed before and missing now
 		if _, ok := next[s]; !ok && !slices.Contains(released, s) {
 			lost++
 		}
 	}
-	l.held, l.slots = next, slots
+	l.held, l.slots, l.renewed = next, slots, true
 	if lost > 0 {
 		r.log.Warn("partition leases lost to other relays (this relay did not renew them in time)", slog.Int("slots", lost))
 	}
@@ -120,7 +123,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		r.log.Info("partition leases", slog.Int("held", len(next)), slog.Int("taken", len(taken)),
 			slog.Int("released", len(released)), slog.Int("slots", slots), slog.Int("relays", relays))
 	}
-	return len(taken) > 0, nil
+	return len(next) > before, nil
 }
 
 // heldSlot is a row of relay_lease_renew or relay_lease_acquire.
@@ -224,3 +227,7 @@ type rowLease struct {
 func (r *Relay) leaseRenewalDue() bool {
 	return r.ownsPartitions() && !time.Now().Before(r.leases.due)
 }
+
+// wakePayload is the payload of the notifications a relay that owns
+// partitions sends to wake the other relays (its listener ignores its own).
+func (r *Relay) wakePayload() string { return "relay:" + r.cfg.Name }

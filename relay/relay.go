@@ -155,7 +155,7 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
 		state:  unsure,
-		leases: leases{owner: cfg.Name + "-" + uuid.NewString()[:8]},
+		leases: leases{owner: cfg.Name},
 	}
 	if r.ownsPartitions() {
 		r.qClaim = outboxsql.Query("relay_read")
@@ -922,6 +922,13 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		b.Queue(r.qBusy)
 	case flagSleep:
 		b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	}
+	if r.ownsPartitions() && (op != flagNone || r.state == saidBusy) {
+		// Writers are silent while any relay is busy, but this relay
+		// drains only its own slots: wake the others at every batch while
+		// busy, and when it says "sleep" (delivered at commit, after the
+		// writers that saw it busy: their rows may be in other slots).
+		b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.wakePayload())
 	}
 	if prev != nil {
 		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())...).Exec(func(tag pgconn.CommandTag) error {

@@ -16,6 +16,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -61,6 +62,9 @@ type Config struct {
 	// Redis's.
 	Cluster     bool
 	MinReplicas int
+	// Ownership is the relays' --ownership (rows or partitions); empty:
+	// the relay's default.
+	Ownership string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)
 }
@@ -177,6 +181,8 @@ type Result struct {
 	// senders whose effects the audit shows applied out of settled order.
 	Cluster    bool
 	OutOfOrder int
+	// Ownership: the relays' --ownership.
+	Ownership string
 }
 
 // kinds is the fault kinds of the run's mode.
@@ -202,9 +208,9 @@ func (r Result) Summary() string {
 		mode = "cluster"
 	}
 	// New fields go at the end: scripts read this line.
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s",
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s",
 		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode)
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "rows"))
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load
@@ -333,7 +339,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		deployBurst:  make(chan struct{}, 1),
 		firstEntry:   map[string]string{},
 	}
-	res.Seed, res.Cluster = cfg.Seed, cfg.Cluster
+	res.Seed, res.Cluster, res.Ownership = cfg.Seed, cfg.Cluster, cfg.Ownership
 	r.parts = 2
 	if cfg.Cluster {
 		r.parts = 16
@@ -419,6 +425,10 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 	common := []string{"--partitions", strconv.Itoa(r.parts)}
+	relayOnly := []string{}
+	if r.cfg.Ownership != "" {
+		relayOnly = append(relayOnly, "--ownership", r.cfg.Ownership)
+	}
 	if r.cfg.Cluster {
 		// The nodes' own addresses: a cluster client follows the addresses
 		// the cluster gives out, so a proxy in front would be bypassed.
@@ -446,7 +456,7 @@ func (r *run) setup(ctx context.Context) error {
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
 		r.rdb = redis.NewClient(o)
 	}
-	r.relayArgs, r.fraudArgs = slices.Concat(relayArgs, common), slices.Concat(fraudArgs, common)
+	r.relayArgs, r.fraudArgs = slices.Concat(relayArgs, common, relayOnly), slices.Concat(fraudArgs, common)
 
 	for _, name := range []string{"r1", "r2"} {
 		args := append([]string{"relay", "--name", name, "--database-url", r.relayDB, "--redis-url", r.proxyRDS}, r.relayArgs...)

@@ -28,6 +28,7 @@ var (
 	redisArgs = flag.String("chaos.redis-args", "", "redis-server arguments instead of the default persistence settings, e.g. '--appendonly no' (to watch the suite fail)")
 	cluster   = flag.Bool("chaos.cluster", false, "run on a local Redis Cluster (3 masters, 3 replicas) with 16 partitions and the cluster's faults")
 	minRepl   = flag.Int("chaos.min-replicas", 1, "with -chaos.cluster: the relays' and consumers' --min-replicas (0 shows the loss it prevents)")
+	ownership = flag.String("chaos.ownership", "", "the relays' --ownership: rows or partitions (default: the relay's, rows)")
 )
 
 func TestChaos(t *testing.T) {
@@ -36,7 +37,7 @@ func TestChaos(t *testing.T) {
 	}
 	// The monitor's cluster client logs every failed dial to a killed node.
 	redis.SetLogger(quietLogger{})
-	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary, Cluster: *cluster, MinReplicas: *minRepl}
+	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary, Cluster: *cluster, MinReplicas: *minRepl, Ownership: *ownership}
 	if cfg.Rate == 0 {
 		switch {
 		case cfg.Cluster && cfg.Short:
@@ -64,6 +65,9 @@ func TestChaos(t *testing.T) {
 	mode := "one Redis"
 	if cfg.Cluster {
 		mode = fmt.Sprintf("a Redis Cluster, --min-replicas %d", cfg.MinReplicas)
+	}
+	if cfg.Ownership != "" {
+		mode += ", relays with --ownership " + cfg.Ownership
 	}
 	t.Logf("chaos: seed %d (replay the fault schedule with -chaos.seed %d), %d TEDs at %.0f/s on %s, logs in %s", cfg.Seed, cfg.Seed, cfg.N, cfg.Rate, mode, dir)
 

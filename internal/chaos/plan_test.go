@@ -71,7 +71,7 @@ func TestSummaryLine(t *testing.T) {
 	got := res.Summary()
 	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 stranded=1 judged=8 worst_calm_ms=5012 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
 		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1,busy-error:1 restarts=4 probes=0/0 max_recovery=1.5s duration=61s" +
-		" out_of_order=0 mode=single"
+		" out_of_order=0 mode=single ownership=rows"
 	if got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}
@@ -79,11 +79,11 @@ func TestSummaryLine(t *testing.T) {
 		t.Errorf("ByKind = %v", lines)
 	}
 	// On a cluster: the cluster's kinds, and the mode.
-	res.Cluster, res.OutOfOrder = true, 2
+	res.Cluster, res.OutOfOrder, res.Ownership = true, 2, "partitions"
 	res.Faults = []FaultRecord{{Kind: MasterKill}, {Kind: Reshard}, {Kind: Reshard}}
 	got = res.Summary()
 	if !strings.Contains(got, "faults=kill-relay:0,kill-consumer:0,failpoint:0,pg-terminate:0,pg-restart:0,busy-error:0,master-kill:1,master-stop:0,reshard:2,consumer-join:0,consumer-leave:0 ") ||
-		!strings.HasSuffix(got, " out_of_order=2 mode=cluster") {
+		!strings.HasSuffix(got, " out_of_order=2 mode=cluster ownership=partitions") {
 		t.Errorf("cluster summary: %s", got)
 	}
 	if lines := res.ByKind(); len(lines) != len(ClusterKinds) {
