@@ -39,6 +39,7 @@ test:
 # Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'. On a local
 # Redis Cluster (3 masters + 3 replicas, --min-replicas 1, 16 partitions):
 # CHAOS_FLAGS='-chaos.cluster' (add -chaos.min-replicas 0 to see the loss).
+# Relays owning partitions instead of claiming rows: -chaos.ownership partitions.
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 

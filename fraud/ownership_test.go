@@ -225,6 +225,52 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	}
 }
 
+// The previous owner of a partition, not yet aware that it lost the lease,
+// can read entries after the new owner's takeover (its blocked XREADGROUP
+// returns them): they stay in its pending list, fenced. The new owner applies
+// them before any later entry it reads, so the sender's order holds.
+func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	stream := rdb.Prefix + "outbox.event.transfer"
+	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "new", AuditLen: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pt := c.parts[0]
+	fence, err := c.lease(ctx, pt)
+	if err != nil || fence == "" {
+		t.Fatalf("lease: %q %v", fence, err)
+	}
+	first := publish(t, rdb, stream, "ana", 100, time.Now())
+	// The old owner's late read: the entry is delivered to it, not applied.
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "old",
+		Streams: []string{stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	second := publish(t, rdb, stream, "ana", 200, time.Now())
+	if _, err := c.readNew(ctx, feed{part: pt, fence: fence}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := rdb.XRange(ctx, pt.keys.Audit(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied []string
+	for _, m := range msgs {
+		applied = append(applied, m.Values["transfer_id"].(string))
+	}
+	if want := []string{first.String(), second.String()}; fmt.Sprint(applied) != fmt.Sprint(want) {
+		t.Fatalf("applied %v, want %v (in settled order)", applied, want)
+	}
+	if p, err := rdb.XPending(ctx, stream, DefaultGroup).Result(); err != nil || p.Count != 0 {
+		t.Fatalf("pending %+v (%v), want none", p, err)
+	}
+}
+
 // A consumer restarted under its own name takes its partitions back at once:
 // the process that held them under that name is gone (it no longer holds
 // the name), so waiting for their leases would only delay the stream.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -107,8 +108,12 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
-		case n != nil && n.Payload == r.wakePayload():
-			quiet = 0 // this relay's own wake-up call to the others
+		case n != nil && n.Payload == r.wakePayload(), n != nil && n.Payload == r.freedPayload():
+			quiet = 0 // this relay's own call to the others
+		case n != nil && strings.HasPrefix(n.Payload, slotsFreedPrefix):
+			quiet = 0
+			r.slotsFreed.Store(true)
+			r.kick()
 		case n != nil:
 			quiet = 0
 			r.stats.notifications.Add(1)

@@ -66,6 +66,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 	defer cancel()
 	sent := time.Now()
 	l.due = sent.Add(r.leaseRenewInterval())
+	r.slotsFreed.Store(false)
 	leaseMS := r.cfg.Lease.Milliseconds()
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -91,6 +92,9 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		held = held[:share]
 		if _, err := tx.Exec(ctx, outboxsql.Query("relay_lease_release"), l.owner, released); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload()); err != nil {
+			return false, fmt.Errorf("announce released partition leases: %w", err)
 		}
 	}
 	var taken []heldSlot
@@ -193,7 +197,7 @@ func firstOfEachKey(msgs []message) []message {
 }
 
 // leaveLeases gives back every slot this relay holds and ends its
-// membership, so that the other relays take the slots at their next renewal
+// membership, and says so: the other relays renew at once and take the slots
 // instead of waiting for the leases to run out.
 func (r *Relay) leaveLeases() {
 	if !r.ownsPartitions() {
@@ -208,6 +212,7 @@ func (r *Relay) leaveLeases() {
 	var b pgx.Batch
 	b.Queue(outboxsql.Query("relay_lease_release"), r.leases.owner, slots)
 	b.Queue(outboxsql.Query("relay_lease_leave"), r.leases.owner)
+	b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload())
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
 			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
@@ -223,11 +228,20 @@ type rowLease struct {
 	token uuid.UUID
 }
 
-// leaseRenewalDue: the partition leases are due for renewal.
+// leaseRenewalDue: the partition leases are due for renewal, or another
+// relay gave slots back (renew now to take them).
 func (r *Relay) leaseRenewalDue() bool {
-	return r.ownsPartitions() && !time.Now().Before(r.leases.due)
+	return r.ownsPartitions() && (r.slotsFreed.Load() || !time.Now().Before(r.leases.due))
 }
 
 // wakePayload is the payload of the notifications a relay that owns
 // partitions sends to wake the other relays (its listener ignores its own).
 func (r *Relay) wakePayload() string { return "relay:" + r.cfg.Name }
+
+// freedPayload is the payload of the notification a relay sends when it gives
+// slots back (more than its share, or all of them on its way out): the
+// other relays renew at once and take them, instead of at their next
+// renewal.
+func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
+
+const slotsFreedPrefix = "relay-slots-freed:"

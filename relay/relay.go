@@ -76,6 +76,8 @@ type Relay struct {
 	// leases: the partition slots this relay holds, with Config.Ownership
 	// OwnPartitions (partitions.go). Owned by drainLoop.
 	leases leases
+	// slotsFreed: another relay gave partition slots back; renew now.
+	slotsFreed atomic.Bool
 
 	// Owned by drainLoop: what this relay may assume about the writers
 	// (wakeup.go), and when rows it failed become claimable again.
