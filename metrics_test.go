@@ -134,6 +134,13 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	if got := scrape(t, srv.URL, "outbox_relay_listen_connected"); got != 1 {
 		t.Fatalf("listen_connected %v", got)
 	}
+	wantSlots := 0.0 // row claims hold no slot
+	if cfg.Ownership == relay.OwnPartitions {
+		wantSlots = 16 // the only relay: every slot
+	}
+	if got := scrape(t, srv.URL, "outbox_relay_partition_slots"); got != wantSlots {
+		t.Fatalf("partition_slots %v, want %v", got, wantSlots)
+	}
 	if got := scrape(t, srv.URL, "outbox_relay_publish_delay_seconds"); got != 7 {
 		t.Fatalf("publish delay observations %v, want 7", got)
 	}
@@ -192,7 +199,7 @@ func TestDocsUseExistingMetrics(t *testing.T) {
 		for _, name := range used.FindAllString(string(b), -1) {
 			switch {
 			case strings.HasPrefix(name, "outbox_messages_"), name == "outbox_schema_migrations",
-				name == "outbox_relay_idle", name == "outbox_notify_mode":
+				name == "outbox_relay_idle", name == "outbox_notify_mode", name == "outbox_relay_partitions", name == "outbox_relay_members":
 				continue // table, index, sequence and function names, not metrics
 			}
 			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")

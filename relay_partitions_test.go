@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -102,6 +103,19 @@ func TestPartitionLeasesRebalance(t *testing.T) {
 		h := f.leaseHolders()
 		return len(h) == 2 && sum(h) == 16 && all(h, 8)
 	}, "the slots were not split 8 and 8")
+
+	// outbox status shows who holds the slots.
+	out, err := f.outboxCmd("", "status", "--json").Output()
+	if err != nil {
+		t.Fatalf("outbox status: %v", err)
+	}
+	var st struct {
+		RelaySlots     map[string]int `json:"relay_slots"`
+		RelaySlotsFree int            `json:"relay_slots_free"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.RelaySlots["a"] != 8 || st.RelaySlots["b"] != 8 || st.RelaySlotsFree != 0 {
+		t.Fatalf("outbox status: %+v (%v), want a 8, b 8, free 0\n%s", st, err, out)
+	}
 
 	stopA()
 	outboxtest.Eventually(t, 10*time.Second, func() bool {

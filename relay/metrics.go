@@ -29,6 +29,7 @@ type Metrics struct {
 	notifications   prometheus.Counter
 	polls           prometheus.Counter
 	pollsWithWork   prometheus.Counter
+	slotsHeld       prometheus.Gauge
 }
 
 // NewMetrics creates the relay metrics and registers them with reg.
@@ -65,9 +66,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_polls_total", Help: "Fallback polls."}),
 		pollsWithWork: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_polls_with_work_total", Help: "Fallback polls that found events: a non-zero rate means wake-ups are being missed."}),
+		slotsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_partition_slots", Help: "Partition slots this relay holds a lease on (--ownership partitions; 0 with row claims)."}),
 	}
 	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.trimmed, m.batchSize, m.batchDuration,
-		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork)
+		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork, m.slotsHeld)
 	return m
 }
 
@@ -210,4 +213,11 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(dead), "dead")
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
 	ch <- prometheus.MustNewConstMetric(c.retry, prometheus.GaugeValue, float64(retrying))
+}
+
+func (m *Metrics) slots(n int) {
+	if m == nil {
+		return
+	}
+	m.slotsHeld.Set(float64(n))
 }

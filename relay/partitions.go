@@ -120,6 +120,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		}
 	}
 	l.held, l.slots, l.renewed = next, slots, true
+	r.cfg.Metrics.slots(len(next))
 	if lost > 0 {
 		r.log.Warn("partition leases lost to other relays (this relay did not renew them in time)", slog.Int("slots", lost))
 	}
@@ -219,6 +220,7 @@ func (r *Relay) leaveLeases() {
 		return
 	}
 	r.leases.held = nil
+	r.cfg.Metrics.slots(0)
 }
 
 // rowLease is the slot a row was read from and the lease token it was read

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -337,6 +340,12 @@ type Status struct {
 	// above are sums over the partitions, and ByPartition has each one.
 	Partitions  int               `json:"partitions"`
 	ByPartition []PartitionStatus `json:"by_partition"`
+	// RelaySlots: with relays that own partitions (--ownership
+	// partitions), how many of the partition slots each relay holds;
+	// RelaySlotsFree: how many nobody holds (empty and 0 with row claims:
+	// no slot is ever held).
+	RelaySlots     map[string]int `json:"relay_slots,omitempty"`
+	RelaySlotsFree int            `json:"relay_slots_free"`
 	// PostgresError and RedisError say why a side could not be read (empty:
 	// it was read).
 	PostgresError string `json:"postgres_error,omitempty"`
@@ -419,6 +428,13 @@ func printStatus(w io.Writer, st Status) {
 	} else {
 		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
 			st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
+		if len(st.RelaySlots) > 0 {
+			var held []string
+			for _, owner := range slices.Sorted(maps.Keys(st.RelaySlots)) {
+				held = append(held, fmt.Sprintf("%s %d", owner, st.RelaySlots[owner]))
+			}
+			fmt.Fprintf(w, "relays   partition slots held: %s  free %d\n", strings.Join(held, ", "), st.RelaySlotsFree)
+		}
 	}
 	if st.RedisError != "" {
 		fmt.Fprintf(w, "stream   %s  Redis unreachable: %s\n", st.Stream, st.RedisError)
@@ -454,6 +470,26 @@ func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
+	}
+	rows, err := pool.Query(ctx, outboxsql.Query("status_relay_slots"))
+	if err != nil {
+		return fmt.Errorf("read relay partition slots: %w", err)
+	}
+	var owner *string
+	var slots int
+	_, err = pgx.ForEachRow(rows, []any{&owner, &slots}, func() error {
+		if owner == nil {
+			st.RelaySlotsFree += slots
+			return nil
+		}
+		if st.RelaySlots == nil {
+			st.RelaySlots = map[string]int{}
+		}
+		st.RelaySlots[*owner] = slots
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read relay partition slots: %w", err)
 	}
 	return nil
 }
