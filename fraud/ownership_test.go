@@ -186,13 +186,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "stale"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureGroup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "stale"})
 	pt := c.parts[0]
 	fence, err := c.lease(ctx, pt)
 	if err != nil || fence == "" {
@@ -233,13 +227,7 @@ func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "new", AuditLen: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureGroup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "new", AuditLen: 100})
 	pt := c.parts[0]
 	fence, err := c.lease(ctx, pt)
 	if err != nil || fence == "" {
@@ -305,21 +293,28 @@ func TestEntryInTheWrongPartitionStaysPending(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", Partitions: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureGroup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", Partitions: 2})
 	sender := "ana"
 	wrong := 1 - partition.Of(sender, 2)
 	publish(t, rdb, partition.Stream(stream, wrong, 2), sender, 100, time.Now())
-	_, err = c.ReadNew(ctx)
+	_, err := c.ReadNew(ctx)
 	if err == nil || !strings.Contains(err.Error(), "disagree on the number of partitions") {
 		t.Fatalf("ReadNew: %v, want the partition mismatch", err)
 	}
 	if p, err := rdb.XPending(ctx, partition.Stream(stream, wrong, 2), DefaultGroup).Result(); err != nil || p.Count != 1 {
 		t.Fatalf("pending %+v (%v), want the entry kept", p, err)
 	}
+}
+
+// newGroupConsumer returns a consumer of cfg whose group exists.
+func newGroupConsumer(t *testing.T, rdb outboxtest.Redis, cfg Config) *Consumer {
+	t.Helper()
+	c, err := New(rdb.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
