@@ -19,16 +19,17 @@ demo:
 	@if [ -z "$$DATABASE_URL$$REDIS_URL" ] && command -v docker >/dev/null 2>&1 && timeout 5 docker info >/dev/null 2>&1 \
 	    && docker compose up -d --wait; then \
 	  echo "Using Docker Compose (docker-compose.yml); it is removed afterwards."; \
-	  DATABASE_URL='$(COMPOSE_DATABASE_URL)' REDIS_URL='$(COMPOSE_REDIS_URL)' $(GO) run ./cmd/outbox demo $(DEMO_FLAGS); \
+	  DATABASE_URL='$(COMPOSE_DATABASE_URL)' REDIS_URL='$(COMPOSE_REDIS_URL)' $(GO) run -tags failpoint ./cmd/outbox demo $(DEMO_FLAGS); \
 	  rc=$$?; docker compose down -v >/dev/null 2>&1; exit $$rc; \
 	else \
-	  $(GO) run ./cmd/outbox demo $(DEMO_FLAGS); \
+	  $(GO) run -tags failpoint ./cmd/outbox demo $(DEMO_FLAGS); \
 	fi
 
 # The relay tests run twice: with row claims (the default) and with
 # partition leases (relay --ownership partitions).
 test:
 	$(GO) vet ./...
+	$(GO) vet -tags failpoint ./internal/failpoint
 	$(GO) test -race -count=1 ./...
 	OUTBOX_RELAY_OWNERSHIP=partitions $(GO) test -race -count=1 .
 
@@ -43,8 +44,10 @@ test:
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 
+# The product binary: no fail points, no Docker client, stripped of its
+# symbol table and DWARF (panics still print full stack traces).
 build:
-	$(GO) build -o bin/outbox ./cmd/outbox
+	$(GO) build -trimpath -ldflags='-s -w' -o bin/outbox ./cmd/outbox
 
 vet:
 	$(GO) vet ./...

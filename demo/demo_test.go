@@ -20,7 +20,7 @@ func TestDemoChecksPass(t *testing.T) {
 	var out bytes.Buffer
 	err := demo.Run(context.Background(), demo.Config{
 		Pool: pool, Redis: rdb.Client, DatabaseURL: pool.Config().ConnString(), RedisURL: rdb.URL,
-		Binary: outboxtest.Binary(t), StreamPrefix: rdb.Prefix + "outbox.event.", KeyPrefix: rdb.Prefix + "fraud:",
+		Binary: outboxtest.Binary(t), FailPoints: true, StreamPrefix: rdb.Prefix + "outbox.event.", KeyPrefix: rdb.Prefix + "fraud:",
 		Out: &out, Short: true,
 	})
 	t.Log("\n" + out.String())

@@ -386,7 +386,7 @@ func (r *run) setup(ctx context.Context) error {
 	if r.cfg.Binary == "" {
 		r.cfg.Binary = filepath.Join(r.cfg.Dir, "outbox")
 		r.logf("building the outbox binary")
-		out, err := exec.CommandContext(ctx, "go", "build", "-o", r.cfg.Binary, "github.com/tedbank/outbox/cmd/outbox").CombinedOutput()
+		out, err := exec.CommandContext(ctx, "go", "build", "-tags", "failpoint", "-o", r.cfg.Binary, "github.com/tedbank/outbox/cmd/outbox").CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("go build: %v\n%s", err, out)
 		}

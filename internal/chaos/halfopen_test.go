@@ -31,7 +31,7 @@ func TestRelayAfterHalfOpenPostgres(t *testing.T) {
 	bin := *binary
 	if bin == "" {
 		bin = filepath.Join(dir, "outbox")
-		if out, err := exec.Command("go", "build", "-o", bin, "github.com/tedbank/outbox/cmd/outbox").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-tags", "failpoint", "-o", bin, "github.com/tedbank/outbox/cmd/outbox").CombinedOutput(); err != nil {
 			t.Fatalf("go build: %v\n%s", err, out)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tedbank/outbox/demo"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/testenv"
 )
@@ -104,7 +105,8 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		quiet = log
 	}
 	return demo.Run(ctx, demo.Config{
-		Pool: pool, Redis: rdb, DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
+		FailPoints: failpoint.Enabled, // scenario 2 runs this binary
+		Pool:       pool, Redis: rdb, DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
 		StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
 		Color: isTerminal(e.stdout), Short: *short, Cluster: c.redisCluster, Partitions: parts,
 	})

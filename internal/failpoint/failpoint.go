@@ -1,18 +1,5 @@
-// Package failpoint kills the process at a named point, for crash tests.
-//
-// Production code marks its dangerous points with Inject("relay.after-xadd").
-// When the environment variable OUTBOX_FAILPOINT names that point, the
-// process sends itself SIGKILL there: no deferred function runs, connections
-// drop abruptly and open transactions roll back, exactly as in a real crash.
-// "name:N" fires on the N-th time the point is reached. When the variable is
-// unset, Inject costs one comparison.
-//
-// Error("relay.after-busy") marks a point where a failing round trip is
-// worse than a crash: when armed, it returns an error once, on the N-th hit,
-// and the process goes on running (the error path is what is tested).
-//
-// Kill points: relay.after-claim, relay.after-xadd, fraud.after-read,
-// fraud.after-effect. Error points: relay.after-busy.
+//go:build failpoint
+
 package failpoint
 
 import (
@@ -24,8 +11,8 @@ import (
 	"syscall"
 )
 
-// EnvVar is the environment variable that arms a fail point.
-const EnvVar = "OUTBOX_FAILPOINT"
+// Enabled: this binary was built with -tags failpoint.
+const Enabled = true
 
 var (
 	armedName  string

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/testenv"
+	_ "github.com/tedbank/outbox/internal/testenv/containers" // the Docker step
 )
 
 var (
@@ -213,7 +214,7 @@ func Binary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "outbox")
-		cmd := exec.Command("go", "build", "-o", binPath, "github.com/tedbank/outbox/cmd/outbox")
+		cmd := exec.Command("go", "build", "-tags", "failpoint", "-o", binPath, "github.com/tedbank/outbox/cmd/outbox")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)

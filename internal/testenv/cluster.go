@@ -81,7 +81,7 @@ func LocalRedisCluster(ctx context.Context, opt Options) (_ *Cluster, err error)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
-	opt.logf("testenv: creating the Redis Cluster", "nodes", strings.Join(addrs, " "))
+	opt.Logf("testenv: creating the Redis Cluster", "nodes", strings.Join(addrs, " "))
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(cctx, cli, args...).CombinedOutput(); err != nil {
@@ -91,7 +91,7 @@ func LocalRedisCluster(ctx context.Context, opt Options) (_ *Cluster, err error)
 	if err := c.WaitHealthy(ctx); err != nil {
 		return nil, err
 	}
-	opt.logf("testenv: Redis Cluster ready", "url", c.URL)
+	opt.Logf("testenv: Redis Cluster ready", "url", c.URL)
 	return c, nil
 }
 

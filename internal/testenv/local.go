@@ -63,7 +63,7 @@ func LocalPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
 		"-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C")
 	initdb.Dir = dir
 	initdb.SysProcAttr = sysProcAttr(owner)
-	opt.logf("testenv: initdb", "bin", bin, "dir", dir, "user", owner.name())
+	opt.Logf("testenv: initdb", "bin", bin, "dir", dir, "user", owner.name())
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("initdb in %s: %w\n%s", dir, err, tail(out))
 	}
@@ -152,14 +152,14 @@ func startOnFreePort(ctx context.Context, opt Options, srv server) (*Server, err
 			return nil, err
 		}
 		u := srv.url(port)
-		opt.logf("testenv: starting local "+srv.name, "bin", srv.bin, "port", port, "dir", srv.dir)
+		opt.Logf("testenv: starting local "+srv.name, "bin", srv.bin, "port", port, "dir", srv.dir)
 		p, err := startProcess(srv.bin, srv.args(port), srv.dir, filepath.Join(srv.dir, srv.logFile), srv.owner, false)
 		if err != nil {
 			return nil, err
 		}
 		err = waitReady(ctx, p.done, func(ctx context.Context) error { return srv.ping(ctx, u) })
 		if err == nil {
-			opt.logf("testenv: local "+srv.name+" ready", "url", u)
+			opt.Logf("testenv: local "+srv.name+" ready", "url", u)
 			dir := srv.dir
 			l := &localProc{srv: srv, port: port, url: u, opt: opt, proc: p}
 			return &Server{
@@ -177,7 +177,7 @@ func startOnFreePort(ctx context.Context, opt Options, srv server) (*Server, err
 		p.stop(syscall.SIGKILL)
 		log := p.logTail()
 		if attempt < portAttempts && exited && strings.Contains(log, "already in use") {
-			opt.logf("testenv: port taken, retrying", "port", port)
+			opt.Logf("testenv: port taken, retrying", "port", port)
 			continue
 		}
 		return nil, fmt.Errorf("%s on port %d: %w\n%s", srv.name, port, err, log)

@@ -74,7 +74,7 @@ func LocalPgBouncer(ctx context.Context, upstreamURL, poolMode string, opt Optio
 			}, "\n")
 			if err := writeOwned(filepath.Join(dir, "pgbouncer.ini"), ini, owner); err != nil {
 				// PgBouncer then exits at once, and its log says why.
-				opt.logf("testenv: pgbouncer.ini", "error", err)
+				opt.Logf("testenv: pgbouncer.ini", "error", err)
 			}
 			return []string{filepath.Join(dir, "pgbouncer.ini")}
 		},

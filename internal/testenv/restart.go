@@ -120,7 +120,7 @@ func (s *Server) Start(ctx context.Context) error {
 		fmt.Fprintf(f, "--- testenv: restarting %s on port %d at %s ---\n", l.srv.name, l.port, time.Now().Format(time.RFC3339Nano))
 		_ = f.Close()
 	}
-	l.opt.logf("testenv: restarting local "+l.srv.name, "port", l.port, "dir", l.srv.dir)
+	l.opt.Logf("testenv: restarting local "+l.srv.name, "port", l.port, "dir", l.srv.dir)
 	// A server that exits at once is started again, a few times: right after
 	// a SIGKILL of its predecessor's process group the kernel may still be
 	// releasing what it held (its shared memory, its lock file's process).
@@ -138,11 +138,11 @@ func (s *Server) Start(ctx context.Context) error {
 		if !exitedEarly || attempt == 3 || ctx.Err() != nil {
 			return fmt.Errorf("restart %s on port %d: %w\n%s", l.srv.name, l.port, err, p.logTail())
 		}
-		l.opt.logf("testenv: local "+l.srv.name+" exited while starting; starting it again", "attempt", attempt, "error", err)
+		l.opt.Logf("testenv: local "+l.srv.name+" exited while starting; starting it again", "attempt", attempt, "error", err)
 		time.Sleep(time.Duration(attempt) * 300 * time.Millisecond)
 	}
 	l.proc = p
-	l.opt.logf("testenv: local "+l.srv.name+" ready again", "url", l.url)
+	l.opt.Logf("testenv: local "+l.srv.name+" ready again", "url", l.url)
 	return nil
 }
 

@@ -6,7 +6,9 @@
 //  1. the URL in the environment variable named by Options.EnvVar, if set;
 //  2. a container started through testcontainers-go, if a Docker engine is
 //     reachable (checked first, with a short timeout, so a machine without
-//     one fails over quickly);
+//     one fails over quickly) and the binary imports
+//     internal/testenv/containers (the test helpers do; the outbox command
+//     does not, to stay free of the Docker client);
 //  3. a server process started from locally installed binaries (initdb and
 //     postgres, or redis-server) in a fresh temporary directory.
 //
@@ -31,9 +33,51 @@ import (
 // Sources reported in Server.Source.
 const (
 	sourceEnv    = "env"
-	sourceDocker = "docker"
+	SourceDocker = "docker"
 	sourceLocal  = "local"
 )
+
+// The images the Docker step runs (internal/testenv/containers).
+const (
+	PostgresImage = "postgres:16-alpine"
+	RedisImage    = "redis:7-alpine"
+)
+
+// A Starter starts a server for the caller.
+type Starter func(ctx context.Context, opt Options) (*Server, error)
+
+var docker struct {
+	sync.Mutex
+	postgres, redis Starter
+}
+
+// UseDocker installs the Docker step of Postgres and Redis. Package
+// internal/testenv/containers calls it when imported.
+func UseDocker(postgres, redis Starter) {
+	docker.Lock()
+	defer docker.Unlock()
+	docker.postgres, docker.redis = postgres, redis
+}
+
+// errNoDocker: this binary has no Docker step.
+var errNoDocker = errors.New("not in this binary (only tests import internal/testenv/containers)")
+
+func dockerStarter(pick func() Starter) Starter {
+	return func(ctx context.Context, opt Options) (*Server, error) {
+		docker.Lock()
+		start := pick()
+		docker.Unlock()
+		if start == nil {
+			return nil, errNoDocker
+		}
+		return start(ctx, opt)
+	}
+}
+
+// NewServer returns a Server at url that Close releases with stop.
+func NewServer(url, source string, stop func() error) *Server {
+	return &Server{URL: url, Source: source, stop: stop}
+}
 
 // readyTimeout bounds how long a server may take to accept connections.
 const readyTimeout = 30 * time.Second
@@ -46,7 +90,8 @@ type Options struct {
 	ExtraArgs []string                      // extra server args for local (and docker) servers, e.g. "-c", "x=y" or "--appendonly", "yes"
 }
 
-func (o Options) logf(msg string, args ...any) {
+// Logf logs progress through o.Log, if set.
+func (o Options) Logf(msg string, args ...any) {
 	if o.Log != nil {
 		o.Log(msg, args...)
 	}
@@ -95,19 +140,19 @@ var (
 	postgresKind = kind{
 		name:       "PostgreSQL",
 		exampleURL: "postgres://postgres:postgres@127.0.0.1:5432/postgres?sslmode=disable",
-		image:      postgresImage,
+		image:      PostgresImage,
 		aptPackage: "postgresql",
 		ping:       pingPostgres,
-		docker:     dockerPostgres,
+		docker:     dockerStarter(func() Starter { return docker.postgres }),
 		local:      LocalPostgres,
 	}
 	redisKind = kind{
 		name:       "Redis",
 		exampleURL: "redis://127.0.0.1:6379/0",
-		image:      redisImage,
+		image:      RedisImage,
 		aptPackage: "redis-server",
 		ping:       pingRedis,
-		docker:     dockerRedis,
+		docker:     dockerStarter(func() Starter { return docker.redis }),
 		local:      LocalRedis,
 	}
 )
@@ -136,7 +181,7 @@ func find(ctx context.Context, opt Options, k kind) (*Server, error) {
 				return nil, fmt.Errorf("testenv: %s is set, but the %s server at %s is not usable: %w",
 					opt.EnvVar, k.name, redact(u), err)
 			}
-			opt.logf("testenv: using server from environment", "kind", k.name, "var", opt.EnvVar)
+			opt.Logf("testenv: using server from environment", "kind", k.name, "var", opt.EnvVar)
 			return &Server{URL: u, Source: sourceEnv}, nil
 		}
 		reasons = append(reasons, fmt.Errorf("%s is not set", opt.EnvVar))
@@ -149,7 +194,7 @@ func find(ctx context.Context, opt Options, k kind) (*Server, error) {
 		if err == nil {
 			return s, nil
 		}
-		opt.logf("testenv: docker unavailable, trying local binaries", "kind", k.name, "err", err)
+		opt.Logf("testenv: docker unavailable, trying local binaries", "kind", k.name, "err", err)
 		reasons = append(reasons, fmt.Errorf("docker: %w", err))
 	}
 	if err := ctx.Err(); err != nil {

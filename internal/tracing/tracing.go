@@ -13,8 +13,9 @@ import (
 	"log/slog"
 	"os"
 
-	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -102,7 +103,7 @@ func Setup(ctx context.Context, serviceName string, log *slog.Logger) (shutdown 
 	case "console":
 		exp, err = stdouttrace.New(stdouttrace.WithWriter(os.Stderr))
 	case "", "otlp":
-		exp, err = autoexport.NewSpanExporter(ctx)
+		exp, err = otlpExporter(ctx)
 	default:
 		return noop, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: unknown trace exporter; want otlp, console or none", kind)
 	}
@@ -118,4 +119,24 @@ func Setup(ctx context.Context, serviceName string, log *slog.Logger) (shutdown 
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
+}
+
+// otlpExporter is the OTLP span exporter of the protocol the standard
+// variables name (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+// OTEL_EXPORTER_OTLP_PROTOCOL; http/protobuf by default). Both exporters read
+// the other OTEL_EXPORTER_OTLP_* variables (endpoint, headers, TLS, timeout)
+// themselves. Only the trace exporters are linked: the commands export no
+// OTLP metrics or logs (metrics are Prometheus text on --metrics-addr).
+func otlpExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	protocol := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if protocol == "" {
+		protocol = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	switch protocol {
+	case "", "http/protobuf":
+		return otlptracehttp.New(ctx)
+	case "grpc":
+		return otlptracegrpc.New(ctx)
+	}
+	return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%q: unsupported; want http/protobuf or grpc", protocol)
 }

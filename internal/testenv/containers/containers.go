@@ -1,4 +1,9 @@
-package testenv
+// Package containers gives internal/testenv its Docker step: importing it
+// lets testenv.Postgres and testenv.Redis start a container through
+// testcontainers-go when no URL is set and a Docker engine answers. The test
+// helpers import it (internal/outboxtest); the outbox command does not, so
+// the product binary links neither testcontainers nor the Docker client.
+package containers
 
 import (
 	"context"
@@ -11,26 +16,25 @@ import (
 	tclog "github.com/testcontainers/testcontainers-go/log"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+
+	"github.com/tedbank/outbox/internal/testenv"
 )
 
-const (
-	postgresImage = "postgres:16-alpine"
-	redisImage    = "redis:7-alpine"
+// dockerHealthTimeout bounds the check that a Docker engine answers.
+const dockerHealthTimeout = 5 * time.Second
 
-	// dockerHealthTimeout bounds the check that a Docker engine answers.
-	dockerHealthTimeout = 5 * time.Second
-)
+func init() { testenv.UseDocker(dockerPostgres, dockerRedis) }
 
-func dockerPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
+func dockerPostgres(ctx context.Context, opt testenv.Options) (_ *testenv.Server, err error) {
 	logger := tcLogger(opt)
 	if err := dockerHealthy(ctx, logger); err != nil {
 		return nil, err
 	}
 	defer recoverPanic(&err)
 
-	opt.logf("testenv: starting docker container", "image", postgresImage)
+	opt.Logf("testenv: starting docker container", "image", testenv.PostgresImage)
 	args := append([]string{"-c", "max_connections=300"}, opt.ExtraArgs...)
-	ctr, err := tcpostgres.Run(ctx, postgresImage,
+	ctr, err := tcpostgres.Run(ctx, testenv.PostgresImage,
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword("postgres"),
@@ -39,44 +43,36 @@ func dockerPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
 		testcontainers.WithLogger(logger),
 	)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("start %s: %w", postgresImage, err), testcontainers.TerminateContainer(ctr))
+		return nil, errors.Join(fmt.Errorf("start %s: %w", testenv.PostgresImage, err), testcontainers.TerminateContainer(ctr))
 	}
 	u, err := ctr.ConnectionString(ctx, "sslmode=disable")
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", postgresImage, err), testcontainers.TerminateContainer(ctr))
+		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", testenv.PostgresImage, err), testcontainers.TerminateContainer(ctr))
 	}
-	return &Server{
-		URL:    u,
-		Source: sourceDocker,
-		stop:   func() error { return testcontainers.TerminateContainer(ctr) },
-	}, nil
+	return testenv.NewServer(u, testenv.SourceDocker, func() error { return testcontainers.TerminateContainer(ctr) }), nil
 }
 
-func dockerRedis(ctx context.Context, opt Options) (_ *Server, err error) {
+func dockerRedis(ctx context.Context, opt testenv.Options) (_ *testenv.Server, err error) {
 	logger := tcLogger(opt)
 	if err := dockerHealthy(ctx, logger); err != nil {
 		return nil, err
 	}
 	defer recoverPanic(&err)
 
-	opt.logf("testenv: starting docker container", "image", redisImage)
+	opt.Logf("testenv: starting docker container", "image", testenv.RedisImage)
 	args := append([]string{"--appendonly", "yes", "--maxmemory-policy", "noeviction"}, opt.ExtraArgs...)
-	ctr, err := tcredis.Run(ctx, redisImage,
+	ctr, err := tcredis.Run(ctx, testenv.RedisImage,
 		testcontainers.WithCmdArgs(args...),
 		testcontainers.WithLogger(logger),
 	)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("start %s: %w", redisImage, err), testcontainers.TerminateContainer(ctr))
+		return nil, errors.Join(fmt.Errorf("start %s: %w", testenv.RedisImage, err), testcontainers.TerminateContainer(ctr))
 	}
 	u, err := ctr.ConnectionString(ctx)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", redisImage, err), testcontainers.TerminateContainer(ctr))
+		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", testenv.RedisImage, err), testcontainers.TerminateContainer(ctr))
 	}
-	return &Server{
-		URL:    u,
-		Source: sourceDocker,
-		stop:   func() error { return testcontainers.TerminateContainer(ctr) },
-	}, nil
+	return testenv.NewServer(u, testenv.SourceDocker, func() error { return testcontainers.TerminateContainer(ctr) }), nil
 }
 
 // dockerHealthy reports whether testcontainers can reach a Docker engine. It
@@ -120,7 +116,7 @@ func recoverPanic(err *error) {
 }
 
 // tcLogger routes testcontainers' log output to opt.Log, or nowhere.
-func tcLogger(opt Options) tclog.Logger {
+func tcLogger(opt testenv.Options) tclog.Logger {
 	if opt.Log == nil {
 		return tclog.NewNoopLogger()
 	}
