@@ -26,6 +26,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -1193,7 +1194,7 @@ func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	listen.Host, listen.Port = "127.0.0.1", uint16(proxy.Port())
+	viaProxy(&listen.Config, proxy)
 	listen.RuntimeParams["application_name"] = "outbox-test-listen"
 	cfg.ListenConfig = listen
 	cfg.PollInterval = 500 * time.Millisecond
@@ -1348,5 +1349,16 @@ func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if n, err := r.TrimStream(f.ctx, f.rdb.Client, f.stream()); err != nil || n != 5 {
 		t.Fatalf("trimmed %d (err %v), want only the 5 acknowledged entries", n, err)
+	}
+}
+
+// viaProxy points cfg at the proxy, and every fallback pgx derived from the
+// URL too: with sslmode=prefer (the default) a connection that fails is
+// retried in plain text at the fallback's address, through which a new
+// connection would bypass a proxy that is down.
+func viaProxy(cfg *pgconn.Config, p *tcpproxy.Proxy) {
+	cfg.Host, cfg.Port = "127.0.0.1", uint16(p.Port())
+	for _, fb := range cfg.Fallbacks {
+		fb.Host, fb.Port = cfg.Host, cfg.Port
 	}
 }

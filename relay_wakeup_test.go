@@ -392,7 +392,7 @@ func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	pgCfg.ConnConfig.Host, pgCfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.Port())
+	viaProxy(&pgCfg.ConnConfig.Config, proxy)
 	pgCfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test-proxied"
 	pool, err := pgxpool.NewWithConfig(f.ctx, pgCfg)
 	if err != nil {
@@ -409,6 +409,12 @@ func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
 
 	proxy.Down()
+	// (A URL without sslmode gets a plain-text fallback that viaProxy must
+	// point at the proxy too: this test failed now and then until it did.)
+	if c, err := pgx.ConnectConfig(f.ctx, pgCfg.ConnConfig); err == nil {
+		_ = c.Close(f.ctx)
+		t.Fatal("a new connection reached the database while the proxy is down")
+	}
 	const outage = 4 * time.Second
 	time.Sleep(outage)
 	ted := f.settle(1)[0] // committed during the outage (the test's pool is not proxied)
