@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -141,3 +142,5 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		}
 	}
 }
+
+var errListenerClosed = errors.New("listen connection closed")

@@ -1,8 +1,14 @@
 package relay
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tedbank/outbox/internal/retry"
 )
 
 // The wake-up protocol, relay side (sql/migrations/0006_outbox_notify_idle.sql
@@ -117,4 +123,71 @@ func (q *retrySchedule) next() (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return q.at[0], true
+}
+
+// flagOp is what a claim tells writers about this relay, in the same round
+// trip, before it claims: see sql/migrations/0006_outbox_notify_idle.sql.
+type flagOp int
+
+const (
+	flagNone  flagOp = iota
+	flagBusy         // draining: writers need not notify
+	flagSleep        // about to sleep: writers must notify (waits for writers that read "busy")
+)
+
+// setState moves the wake-up state, with a debug line per change: the
+// chaos suite reads them to hold a writer open while this relay is the only
+// one that told writers it is busy (internal/chaos, rolling deploys).
+func (r *Relay) setState(s wakeState) {
+	if s == r.state {
+		return
+	}
+	r.state = s
+	r.log.Debug("wake state", slog.String("state", s.String()))
+}
+
+// exitWait bounds how long a stopping relay waits for the writers that saw
+// it busy.
+const exitWait = 3 * time.Second
+
+// sleepOnExit is a stopping relay's last word. Unless it is asleep, writers
+// may be silent because of it, and some that read "busy" may still be in
+// their transactions: their rows would wake nobody. So it tells writers to
+// notify again, waits for those writers (exitWait at most), and wakes the
+// other relays with a NOTIFY sent when that wait is over.
+func (r *Relay) sleepOnExit() {
+	if r.state == asleep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), exitWait)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		slept, err := r.sayGoodbye(ctx)
+		switch {
+		case err != nil:
+			r.log.Warn("could not wake the other relays on the way out; they rely on their poll until then",
+				slog.Any("error", err))
+			return
+		case slept:
+			return
+		case ctx.Err() != nil:
+			r.log.Warn("writers that saw this relay busy are still in their transactions; other relays find their rows at their poll")
+			return
+		}
+		retry.Sleep(ctx, retry.Backoff(attempt, busyLingerStep, 100*time.Millisecond))
+	}
+}
+
+// sayGoodbye runs outbox_relay_sleep and a NOTIFY in one transaction: the
+// notification goes out when the writers that saw this relay busy have
+// finished (or the lock wait gave up; then slept is false).
+func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
+	var b pgx.Batch
+	queueRelayTx(&b)
+	b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	b.Queue("SELECT pg_notify($1, '')", r.cfg.Channel)
+	if err := r.sendTx(ctx, &b); err != nil {
+		return false, err
+	}
+	return slept, nil
 }

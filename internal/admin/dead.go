@@ -1,6 +1,7 @@
-// Package admin holds the operators' tools behind the outbox command's admin
-// subcommands: listing and requeueing dead outbox rows, listing and replaying
-// the anti-fraud consumer's dead letters, and deleting old published rows.
+// Package admin holds the operators' tools for the outbox table behind the
+// outbox command's admin subcommands: listing and requeueing dead outbox
+// rows, and deleting old published rows. A consumer's dead letters are
+// internal/dlq's.
 //
 // Every function takes the servers it works on and does one bounded job; the
 // command line (internal/cli) parses flags and prints.

@@ -13,8 +13,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/tedbank/outbox/fraud"
-	"github.com/tedbank/outbox/internal/admin"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/dlq"
 	"github.com/tedbank/outbox/partition"
 )
 
@@ -69,24 +69,24 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	}
 	defer rdb.Close()
 	var (
-		letters = []admin.DeadLetter{} // an empty list prints as [], not null
+		letters = []dlq.DeadLetter{} // an empty list prints as [], not null
 		total   int64
 	)
 	for _, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
-		ls, n, err := admin.ListDeadLetters(ctx, rdb, k.Prefix, *count)
+		ls, n, err := dlq.List(ctx, rdb, k.Prefix, *count)
 		if err != nil {
 			return err
 		}
 		letters, total = append(letters, ls...), total+n
 	}
 	// Oldest first across the partitions' streams (entry ids are times).
-	slices.SortStableFunc(letters, func(a, b admin.DeadLetter) int { return compareEntryIDs(a.ID, b.ID) })
+	slices.SortStableFunc(letters, func(a, b dlq.DeadLetter) int { return compareEntryIDs(a.ID, b.ID) })
 	letters = letters[:min(len(letters), *count)]
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(letters)
 	}
 	if len(letters) == 0 {
-		where := admin.DeadLetterStream(*prefix)
+		where := dlq.Stream(*prefix)
 		if nParts > 1 {
 			where = fmt.Sprintf("the %d partitions' dead-letter streams", nParts)
 		}
@@ -133,7 +133,7 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 		return usagef("give the dead-letter ids to retry (see 'outbox fraud dlq list'), or --all")
 	}
 	for _, id := range ids {
-		if !admin.ValidEntryID(id) {
+		if !dlq.ValidEntryID(id) {
 			return usagef("dead-letter id %q is not a stream entry id like 1700000000000-0", id)
 		}
 	}
@@ -145,15 +145,15 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	var res admin.DLQRetryResult
+	var res dlq.RetryResult
 	missing := map[string]int{} // how many partitions do not hold each id
 	for p, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
-		var r admin.DLQRetryResult
+		var r dlq.RetryResult
 		source := partition.Stream(*stream, p, nParts)
 		if *all {
-			r, err = admin.RetryAllDeadLetters(ctx, rdb, k.Prefix, source)
+			r, err = dlq.RetryAll(ctx, rdb, k.Prefix, source)
 		} else {
-			r, err = admin.RetryDeadLetters(ctx, rdb, k.Prefix, ids, source)
+			r, err = dlq.Retry(ctx, rdb, k.Prefix, ids, source)
 		}
 		res.Retried, res.Failed = append(res.Retried, r.Retried...), append(res.Failed, r.Failed...)
 		for _, id := range r.Missing {
@@ -186,7 +186,7 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	}
 	var why []string
 	for _, id := range res.Missing {
-		where := admin.DeadLetterStream(*prefix)
+		where := dlq.Stream(*prefix)
 		if nParts > 1 {
 			where = fmt.Sprintf("any of the %d partitions' dead-letter streams", nParts)
 		}

@@ -1,4 +1,8 @@
-package admin
+// Package dlq lists and replays the entries a consumer group moved to its
+// dead-letter stream (fraud/deadletter.lua): what 'outbox fraud dlq list'
+// and 'outbox fraud dlq retry' run. The outbox's own dead rows are
+// internal/admin's.
+package dlq
 
 import (
 	"context"
@@ -15,7 +19,7 @@ import (
 )
 
 var (
-	//go:embed dlq_retry.lua
+	//go:embed retry.lua
 	dlqRetrySrc    string
 	dlqRetryScript = redis.NewScript(dlqRetrySrc)
 )
@@ -67,16 +71,16 @@ func deadLetter(m redis.XMessage) DeadLetter {
 	return d
 }
 
-// DeadLetterStream is the dead-letter stream of the consumers writing under keyPrefix.
-func DeadLetterStream(keyPrefix string) string { return fraud.Keys{Prefix: keyPrefix}.DeadLetters() }
+// Stream is the dead-letter stream of the consumers writing under keyPrefix.
+func Stream(keyPrefix string) string { return fraud.Keys{Prefix: keyPrefix}.DeadLetters() }
 
-// ListDeadLetters returns up to count dead letters of the consumers writing
+// List returns up to count dead letters of the consumers writing
 // under keyPrefix, oldest first, and the length of the dead-letter stream.
-func ListDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix string, count int) (letters []DeadLetter, total int64, err error) {
+func List(ctx context.Context, rdb redis.Cmdable, keyPrefix string, count int) (letters []DeadLetter, total int64, err error) {
 	if count <= 0 {
 		return nil, 0, fmt.Errorf("list dead letters: count %d must be positive", count)
 	}
-	dlq := DeadLetterStream(keyPrefix)
+	dlq := Stream(keyPrefix)
 	msgs, err := rdb.XRangeN(ctx, dlq, "-", "+", int64(count)).Result()
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead letters in %s: %w", dlq, err)
@@ -103,21 +107,21 @@ type Retried struct {
 	NewID  string // its new id there
 }
 
-// DLQFailure is a dead letter that could not be retried; it stays in the
+// Failure is a dead letter that could not be retried; it stays in the
 // dead-letter stream.
-type DLQFailure struct {
+type Failure struct {
 	ID  string
 	Err error
 }
 
-// DLQRetryResult says what RetryDeadLetters or RetryAllDeadLetters did.
-type DLQRetryResult struct {
+// RetryResult says what Retry or RetryAll did.
+type RetryResult struct {
 	Retried []Retried
-	Missing []string     // ids not in the dead-letter stream (unknown, or already retried)
-	Failed  []DLQFailure // dead letters Redis refused to move (e.g. no original fields)
+	Missing []string  // ids not in the dead-letter stream (unknown, or already retried)
+	Failed  []Failure // dead letters Redis refused to move (e.g. no original fields)
 }
 
-// RetryDeadLetters puts the given dead letters back on their source stream:
+// Retry puts the given dead letters back on their source stream:
 // for each, one Lua script re-adds its original fields (not the dlq_* ones)
 // under a new id to the stream named by its dlq_stream field (fallbackStream
 // if it has none) and deletes it from the dead-letter stream, atomically. The
@@ -127,12 +131,12 @@ type DLQRetryResult struct {
 // An id that is not in the dead-letter stream is reported in Missing; one
 // that Redis refuses to move, in Failed. It returns an error, and the result
 // so far, when Redis fails otherwise.
-func RetryDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix string, ids []string, fallbackStream string) (DLQRetryResult, error) {
-	var res DLQRetryResult
+func Retry(ctx context.Context, rdb redis.Cmdable, keyPrefix string, ids []string, fallbackStream string) (RetryResult, error) {
+	var res RetryResult
 	if fallbackStream == "" {
 		return res, errors.New("retry dead letters: no fallback stream")
 	}
-	dlq := DeadLetterStream(keyPrefix)
+	dlq := Stream(keyPrefix)
 	seen := map[string]bool{}
 	for _, id := range ids {
 		if seen[id] {
@@ -157,15 +161,15 @@ func RetryDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix string, 
 	return res, nil
 }
 
-// RetryAllDeadLetters retries, as RetryDeadLetters does, every entry the
+// RetryAll retries, as Retry does, every entry the
 // dead-letter stream holds when it starts (entries dead-lettered while it runs,
 // including retried ones that fail again, are left for the next run).
-func RetryAllDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix, fallbackStream string) (DLQRetryResult, error) {
-	var res DLQRetryResult
+func RetryAll(ctx context.Context, rdb redis.Cmdable, keyPrefix, fallbackStream string) (RetryResult, error) {
+	var res RetryResult
 	if fallbackStream == "" {
 		return res, errors.New("retry dead letters: no fallback stream")
 	}
-	dlq := DeadLetterStream(keyPrefix)
+	dlq := Stream(keyPrefix)
 	last, err := rdb.XRevRangeN(ctx, dlq, "+", "-", 1).Result()
 	if err != nil {
 		return res, fmt.Errorf("retry dead letters: read %s: %w", dlq, err)
@@ -192,7 +196,7 @@ func RetryAllDeadLetters(ctx context.Context, rdb redis.Cmdable, keyPrefix, fall
 	}
 }
 
-func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessage, fallbackStream string, res *DLQRetryResult) error {
+func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessage, fallbackStream string, res *RetryResult) error {
 	source := fallbackStream
 	if s, ok := m.Values["dlq_stream"].(string); ok {
 		source = s
@@ -204,7 +208,7 @@ func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessa
 		// Retried or deleted by someone else since we read it.
 		res.Missing = append(res.Missing, m.ID)
 	case errors.As(err, &rerr):
-		res.Failed = append(res.Failed, DLQFailure{ID: m.ID, Err: err})
+		res.Failed = append(res.Failed, Failure{ID: m.ID, Err: err})
 	case err != nil:
 		return fmt.Errorf("retry dead letter %s: %w", m.ID, err)
 	default:

@@ -1,4 +1,4 @@
-package admin_test
+package dlq_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
-	"github.com/tedbank/outbox/internal/admin"
+	"github.com/tedbank/outbox/internal/dlq"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -124,9 +124,9 @@ func TestDeadLetterRetryPutsTheOriginalEntryBackOnItsStream(t *testing.T) {
 		t.Fatalf("report %+v: want the poison entry dead-lettered", rep)
 	}
 
-	letters, total, err := admin.ListDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, 10)
+	letters, total, err := dlq.List(f.ctx, f.rdb.Client, f.keyPrefix, 10)
 	if err != nil || total != 1 || len(letters) != 1 {
-		t.Fatalf("ListDeadLetters = %v, %d, %v; want one", letters, total, err)
+		t.Fatalf("List = %v, %d, %v; want one", letters, total, err)
 	}
 	d := letters[0]
 	if d.EventID != poison["event_id"] || d.EventType != transfer.EventSettled || d.AggregateID != "t-1" ||
@@ -139,9 +139,9 @@ func TestDeadLetterRetryPutsTheOriginalEntryBackOnItsStream(t *testing.T) {
 	}
 
 	// The fallback stream is for dead letters without dlq_stream: unused here.
-	res, err := admin.RetryAllDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, f.rdb.Prefix+"elsewhere")
+	res, err := dlq.RetryAll(f.ctx, f.rdb.Client, f.keyPrefix, f.rdb.Prefix+"elsewhere")
 	if err != nil || len(res.Retried) != 1 || len(res.Missing)+len(res.Failed) != 0 {
-		t.Fatalf("RetryAllDeadLetters = %+v, %v; want one retried", res, err)
+		t.Fatalf("RetryAll = %+v, %v; want one retried", res, err)
 	}
 	if r := res.Retried[0]; r.ID != d.ID || r.Stream != f.stream {
 		t.Fatalf("retried %+v: want %s re-added to %s", r, d.ID, f.stream)
@@ -194,9 +194,9 @@ func TestRetriedDeadLettersAreAppliedExactlyOnce(t *testing.T) {
 	})
 	a, b := f.xadd(f.dlq, letter), f.xadd(f.dlq, letter)
 
-	res, err := admin.RetryDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, []string{a, b, a}, fraud.DefaultStream)
+	res, err := dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{a, b, a}, fraud.DefaultStream)
 	if err != nil || len(res.Retried) != 2 || len(res.Missing)+len(res.Failed) != 0 {
-		t.Fatalf("RetryDeadLetters = %+v, %v; want both retried once", res, err)
+		t.Fatalf("Retry = %+v, %v; want both retried once", res, err)
 	}
 	if n := f.xlen(f.dlq); n != 0 {
 		t.Fatalf("dead-letter stream holds %d entries after the retry, want 0", n)
@@ -219,7 +219,7 @@ func TestRetriedDeadLettersAreAppliedExactlyOnce(t *testing.T) {
 	}
 
 	// Retrying them again finds nothing: already retried.
-	res, err = admin.RetryDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, []string{a}, fraud.DefaultStream)
+	res, err = dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{a}, fraud.DefaultStream)
 	if err != nil || len(res.Retried) != 0 || !slices.Equal(res.Missing, []string{a}) {
 		t.Fatalf("second retry = %+v, %v; want %s missing", res, err, a)
 	}
@@ -241,7 +241,7 @@ func mustRange(t *testing.T, f *dlqFixture, key string) []redis.XMessage {
 // original fields cannot be retried and stays; unknown ids are reported.
 func TestDeadLetterRetryEdgeCases(t *testing.T) {
 	f := newDLQFixture(t)
-	if res, err := admin.RetryAllDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, f.stream); err != nil ||
+	if res, err := dlq.RetryAll(f.ctx, f.rdb.Client, f.keyPrefix, f.stream); err != nil ||
 		len(res.Retried)+len(res.Missing)+len(res.Failed) != 0 {
 		t.Fatalf("retry of an empty dead-letter stream: %+v, %v", res, err)
 	}
@@ -249,7 +249,7 @@ func TestDeadLetterRetryEdgeCases(t *testing.T) {
 	trimmed := f.xadd(f.dlq, map[string]any{"dlq_stream": f.stream, "dlq_reason": "trimmed", "dlq_entry_id": "1-1"})
 	fallback := f.rdb.Prefix + "fallback"
 
-	res, err := admin.RetryAllDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, fallback)
+	res, err := dlq.RetryAll(f.ctx, f.rdb.Client, f.keyPrefix, fallback)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,11 +269,11 @@ func TestDeadLetterRetryEdgeCases(t *testing.T) {
 		t.Fatalf("source stream got %d entries from a dead letter without fields", n)
 	}
 
-	res, err = admin.RetryDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, []string{"1-0", noSource}, fallback)
+	res, err = dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{"1-0", noSource}, fallback)
 	if err != nil || len(res.Retried) != 0 || !slices.Equal(res.Missing, []string{"1-0", noSource}) {
 		t.Fatalf("retry of unknown ids = %+v, %v; want both missing", res, err)
 	}
-	if _, err := admin.RetryDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, []string{"1700000000000"}, fallback); err == nil {
+	if _, err := dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{"1700000000000"}, fallback); err == nil {
 		t.Fatal("an incomplete entry id: want an error")
 	}
 }
@@ -290,9 +290,9 @@ func TestRetryAllDeadLettersPagesThroughEveryEntryOnce(t *testing.T) {
 		}
 		f.xadd(f.dlq, map[string]any{"event_id": uuid.NewString(), "payload": "{}", "dlq_stream": f.stream})
 	}
-	res, err := admin.RetryAllDeadLetters(f.ctx, f.rdb.Client, f.keyPrefix, f.stream)
+	res, err := dlq.RetryAll(f.ctx, f.rdb.Client, f.keyPrefix, f.stream)
 	if err != nil || len(res.Retried) != 249 || len(res.Missing) != 0 || len(res.Failed) != 1 || res.Failed[0].ID != stuck {
-		t.Fatalf("RetryAllDeadLetters: %d retried, missing %v, failed %v, err %v; want 249 retried and %s failed once",
+		t.Fatalf("RetryAll: %d retried, missing %v, failed %v, err %v; want 249 retried and %s failed once",
 			len(res.Retried), res.Missing, res.Failed, err, stuck)
 	}
 	if n, m := f.xlen(f.stream), f.xlen(f.dlq); n != 249 || m != 1 {

@@ -1,0 +1,125 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"strconv"
+	"time"
+
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/metrics"
+	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/relay"
+)
+
+func runRelay(ctx context.Context, e *env, args []string) error {
+	var c common
+	var cfg relay.Config
+	fs := e.flags("relay", &c)
+	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
+	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
+	fs.StringVar(&cfg.Ownership, "ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnRows),
+		"how relays divide the outbox: rows (claim each row) or partitions (lease slots of partition keys; every relay of a database must use the same) (env OUTBOX_RELAY_OWNERSHIP)")
+	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease with --ownership partitions; expired claims are returned to pending")
+	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
+	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
+	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
+	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
+	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
+	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
+	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
+	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
+	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")
+	partitions := partitionsFlag(e, fs, "split each stream into this many partition streams, by partition key (the sender account for TEDs)")
+	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
+	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
+		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	if *listenURL != "" {
+		if cfg.ListenConfig, err = connect.PostgresConfig(*listenURL, "outbox-relay-listen"); err != nil {
+			return usageError{err.Error()}
+		}
+	}
+	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
+		return usagef("--batch, --lease, --poll and --max-attempts must be positive, --publish-timeout and --busy-pace not negative")
+	}
+	if cfg.MinReplicas, err = minReplicas(); err != nil {
+		return err
+	}
+	if cfg.Partitions, err = partitions(); err != nil {
+		return err
+	}
+	cfg.BusyPace = *busyPace
+	if cfg.BusyPace == 0 {
+		cfg.BusyPace = -1 // never
+	}
+	switch {
+	case cfg.StreamRetention < 0 || cfg.StreamMaxLen < 0:
+		return usagef("--stream-retention and --stream-maxlen must not be negative")
+	case cfg.StreamRetention == 0, cfg.StreamMaxLen > 0 && !isSet(fs, "stream-retention"):
+		cfg.StreamRetention = -1 // no age cap (relay.Config: negative)
+	}
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
+	if err != nil {
+		return err
+	}
+	defer connect.ClosePool(pool, 3*time.Second)
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	for _, w := range relay.CheckRedisDurability(ctx, rdb) {
+		log.Warn(w)
+	}
+	stopTracing, err := tracing.Setup(ctx, "outbox-relay", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx))
+	reg := metrics.NewRegistry()
+	if *metricsAddr != "" {
+		cfg.Metrics = relay.NewMetrics(reg)
+		reg.MustRegister(relay.NewOutboxCollector(pool))
+	}
+	r, err := relay.New(pool, rdb, cfg)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	if *metricsAddr != "" {
+		addr, err := metrics.Serve(ctx, *metricsAddr, reg, r.Ready, log)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics", "addr", addr)
+	}
+	return r.Run(ctx)
+}
+
+// minReplicasFlag defines --min-replicas, defaulting to OUTBOX_MIN_REPLICAS;
+// the returned function reads it after parsing.
+func minReplicasFlag(e *env, fs *flag.FlagSet, usage string) func() (int, error) {
+	v := fs.String("min-replicas", e.getenv("OUTBOX_MIN_REPLICAS"), usage+" (env OUTBOX_MIN_REPLICAS; default 0: do not wait)")
+	return func() (int, error) {
+		if *v == "" {
+			return 0, nil
+		}
+		n, err := strconv.Atoi(*v)
+		if err != nil || n < 0 {
+			return 0, usagef("--min-replicas %q (or OUTBOX_MIN_REPLICAS): want a whole number of replicas, 0 or more", *v)
+		}
+		return n, nil
+	}
+}

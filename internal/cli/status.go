@@ -1,0 +1,245 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/partition"
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Status is what 'outbox status --json' prints. During an outage it still
+// shows what the reachable server says: the other side's figures are zero and
+// its error is in postgres_error or redis_error (and the command exits 1).
+type Status struct {
+	Pending              int64   `json:"pending"`
+	Publishing           int64   `json:"publishing"`
+	Published            int64   `json:"published"`
+	Dead                 int64   `json:"dead"`
+	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
+	ListeningRelays      int64   `json:"listening_relays"`
+	Stream               string  `json:"stream"`
+	StreamLength         int64   `json:"stream_length"`
+	Group                string  `json:"group"`
+	GroupPending         int64   `json:"group_pending"`
+	GroupLag             int64   `json:"group_lag"`
+	GroupExists          bool    `json:"group_exists"`
+	DeadLetterStream     string  `json:"dead_letter_stream"`
+	DeadLettered         int64   `json:"dead_lettered"`
+	// With several partitions, the stream, group and dead-letter figures
+	// above are sums over the partitions, and ByPartition has each one.
+	Partitions  int               `json:"partitions"`
+	ByPartition []PartitionStatus `json:"by_partition"`
+	// RelaySlots: with relays that own partitions (--ownership
+	// partitions), how many of the partition slots each relay holds;
+	// RelaySlotsFree: how many nobody holds (empty and 0 with row claims:
+	// no slot is ever held).
+	RelaySlots     map[string]int `json:"relay_slots,omitempty"`
+	RelaySlotsFree int            `json:"relay_slots_free"`
+	// PostgresError and RedisError say why a side could not be read (empty:
+	// it was read).
+	PostgresError string `json:"postgres_error,omitempty"`
+	RedisError    string `json:"redis_error,omitempty"`
+}
+
+// PartitionStatus is one partition's stream and group, and which consumer
+// of the group holds it.
+type PartitionStatus struct {
+	Partition    int    `json:"partition"`
+	Stream       string `json:"stream"`
+	StreamLength int64  `json:"stream_length"`
+	GroupPending int64  `json:"group_pending"`
+	GroupLag     int64  `json:"group_lag"`
+	GroupExists  bool   `json:"group_exists"`
+	Owner        string `json:"owner"` // the consumer holding its lease; empty: none
+	DeadLettered int64  `json:"dead_lettered"`
+}
+
+func runStatus(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := e.flags("status", &c)
+	stream := fs.String("stream", fraud.DefaultStream, "stream to report on")
+	group := fs.String("group", fraud.DefaultGroup, "consumer group to report on")
+	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix (for its dead-letter stream)")
+	partitions := partitionsFlag(e, fs, "the partitions of the stream (figures are summed over them, and shown for each)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	nParts, err := partitions()
+	if err != nil {
+		return err
+	}
+	if err := (fraud.Config{Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	if _, err := c.logger(e.stderr); err != nil {
+		return err
+	}
+	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters(), Partitions: nParts}
+	keys := fraud.Keys{Prefix: *keyPrefix, Partitions: nParts}
+	// Each side is read on its own: an operator needs the PostgreSQL backlog
+	// most when Redis is down, and the stream's state when PostgreSQL is.
+	pgErr := func() error {
+		pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return readOutboxStatus(ctx, pool, &st)
+	}()
+	redisErr := func() error {
+		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-status"})
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		return readStreamStatus(ctx, rdb, keys, &st)
+	}()
+	if pgErr != nil {
+		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
+	}
+	if redisErr != nil {
+		st.RedisError = connect.RedactSecrets(oneLine(redisErr))
+	}
+	if *asJSON {
+		if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
+			return err
+		}
+	} else {
+		printStatus(e.stdout, st)
+	}
+	return errors.Join(pgErr, redisErr)
+}
+
+func printStatus(w io.Writer, st Status) {
+	if st.PostgresError != "" {
+		fmt.Fprintf(w, "outbox   PostgreSQL unreachable: %s\n", st.PostgresError)
+	} else {
+		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
+			st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
+		if len(st.RelaySlots) > 0 {
+			var held []string
+			for _, owner := range slices.Sorted(maps.Keys(st.RelaySlots)) {
+				held = append(held, fmt.Sprintf("%s %d", owner, st.RelaySlots[owner]))
+			}
+			fmt.Fprintf(w, "relays   partition slots held: %s  free %d\n", strings.Join(held, ", "), st.RelaySlotsFree)
+		}
+	}
+	if st.RedisError != "" {
+		fmt.Fprintf(w, "stream   %s  Redis unreachable: %s\n", st.Stream, st.RedisError)
+		return
+	}
+	fmt.Fprintf(w, "stream   %s  length %d\n", st.Stream, st.StreamLength)
+	if st.GroupExists {
+		fmt.Fprintf(w, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
+	} else {
+		fmt.Fprintf(w, "group    %s  not created yet\n", st.Group)
+	}
+	fmt.Fprintf(w, "dlq      %s  entries %d\n", st.DeadLetterStream, st.DeadLettered)
+	if st.Partitions > 1 {
+		for _, p := range st.ByPartition {
+			owner := p.Owner
+			if owner == "" {
+				owner = "(none)"
+			}
+			fmt.Fprintf(w, "  p%-4d  %s  length %d  pending %d  lag %d  dlq %d  owner %s\n",
+				p.Partition, p.Stream, p.StreamLength, p.GroupPending, p.GroupLag, p.DeadLettered, owner)
+		}
+	} else if len(st.ByPartition) == 1 && st.ByPartition[0].Owner != "" {
+		fmt.Fprintf(w, "owner    %s\n", st.ByPartition[0].Owner)
+	}
+}
+
+func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
+	err := pool.QueryRow(ctx, outboxsql.Query("status")).
+		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
+	if err != nil {
+		return fmt.Errorf("read outbox status: %w", err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
+		return fmt.Errorf("count listening relays: %w", err)
+	}
+	rows, err := pool.Query(ctx, outboxsql.Query("status_relay_slots"))
+	if err != nil {
+		return fmt.Errorf("read relay partition slots: %w", err)
+	}
+	var owner *string
+	var slots int
+	_, err = pgx.ForEachRow(rows, []any{&owner, &slots}, func() error {
+		if owner == nil {
+			st.RelaySlotsFree += slots
+			return nil
+		}
+		if st.RelaySlots == nil {
+			st.RelaySlots = map[string]int{}
+		}
+		st.RelaySlots[*owner] = slots
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read relay partition slots: %w", err)
+	}
+	return nil
+}
+
+func readStreamStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, st *Status) error {
+	st.GroupExists = true
+	for p, k := range keys.Each() {
+		ps := PartitionStatus{Partition: p, Stream: partition.Stream(st.Stream, p, st.Partitions)}
+		if err := readPartitionStatus(ctx, rdb, k, st.Group, &ps); err != nil {
+			return err
+		}
+		st.ByPartition = append(st.ByPartition, ps)
+		st.StreamLength += ps.StreamLength
+		st.GroupPending += ps.GroupPending
+		st.GroupLag += ps.GroupLag
+		st.GroupExists = st.GroupExists && ps.GroupExists
+		st.DeadLettered += ps.DeadLettered
+	}
+	return nil
+}
+
+func readPartitionStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, group string, ps *PartitionStatus) error {
+	var err error
+	if ps.DeadLettered, err = rdb.XLen(ctx, keys.DeadLetters()).Result(); err != nil {
+		return fmt.Errorf("read dead-letter stream length: %w", err)
+	}
+	if ps.StreamLength, err = rdb.XLen(ctx, ps.Stream).Result(); err != nil {
+		return fmt.Errorf("read stream length: %w", err)
+	}
+	groups, err := rdb.XInfoGroups(ctx, ps.Stream).Result()
+	if err != nil && !isNoSuchKey(err) {
+		return fmt.Errorf("read consumer groups: %w", err)
+	}
+	for _, g := range groups {
+		if g.Name == group {
+			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, g.Lag
+		}
+	}
+	lease, err := rdb.Get(ctx, keys.Lease(group)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("read the partition's lease: %w", err)
+	}
+	if _, holder, ok := strings.Cut(lease, "|"); ok {
+		ps.Owner, _, _ = strings.Cut(holder, "|")
+	}
+	return nil
+}
+
+func isNoSuchKey(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
+}

@@ -1,0 +1,197 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/internal/failpoint"
+)
+
+// BatchResult says what one DrainBatch did.
+type BatchResult struct {
+	Claimed    int   // rows claimed
+	Published  int   // rows marked published
+	Fenced     int   // rows published but no longer owned by this claim
+	Failed     int   // rows that failed (retry later, or dead)
+	Released   int   // rows given back without an attempt
+	BrokerDown bool  // Redis refused the batch as a whole
+	Err        error // the publish error behind Failed or BrokerDown, if any
+	// RetryIn is how soon the earliest failed or released row becomes
+	// claimable again (0 if none).
+	RetryIn time.Duration
+	// retries: how soon each failed or released row becomes claimable again
+	// (distinct delays only).
+	retries []time.Duration
+	// Slept: the claim was preceded by outbox_relay_sleep, which found no
+	// writer left that had seen the relay busy.
+	Slept bool
+}
+
+// retryAfter notes a row that becomes claimable again after d.
+func (res *BatchResult) retryAfter(d time.Duration) {
+	if res.RetryIn == 0 || d < res.RetryIn {
+		res.RetryIn = d
+	}
+	if !slices.Contains(res.retries, d) {
+		res.retries = append(res.retries, d)
+	}
+}
+
+// message is one claimed outbox row.
+type message struct {
+	ID            uuid.UUID
+	Seq           int64
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       []byte
+	Headers       []byte
+	Attempts      int
+	CreatedAt     time.Time
+	PartitionKey  string
+}
+
+// DrainBatch claims one batch, publishes it and records the outcome. Once rows
+// are claimed it finishes even if ctx is cancelled (bounded by the publish
+// timeout), so a shutdown never strands a claim until the lease expires.
+// With partition leases it first renews them when due (it must not be
+// called while Run runs).
+func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	r.renewLeasesIfDue(ctx) // with partition leases: take or renew this relay's share
+	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
+	return res, err
+}
+
+// drainBatch is DrainBatch with three more inputs: op is sent ahead of the
+// claim; prev, if not nil, is marked in the claim's round trip and counted in
+// the result; with deferMark, this batch's own mark of the published rows is
+// returned for the next call instead of being sent.
+func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
+	if !r.ownsPartitions() || prev == nil {
+		return r.drainOne(ctx, op, prev, nil, deferMark)
+	}
+	// With partition leases the last batch's mark, the costliest statement
+	// (a non-HOT update per row), runs on a connection of its own while this
+	// batch is read and published: the read leaves the last batch's rows
+	// out, and may take the next event of their keys, which is published
+	// after them. (A batch whose publishes failed records that before it
+	// returns, so the read already sees those rows waiting for their retry.)
+	join := r.markAsync(ctx, prev)
+	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
+	var prevRes BatchResult
+	if merr := join(&prevRes); merr != nil {
+		err = errors.Join(err, merr)
+	}
+	res.Published += prevRes.Published
+	res.Fenced += prevRes.Fenced
+	return res, next, err
+}
+
+// markAsync sends m's mark on its own connection; the returned function
+// waits for it and counts it in res.
+func (r *Relay) markAsync(ctx context.Context, m *pendingMark) func(res *BatchResult) error {
+	done := make(chan struct{})
+	var (
+		res BatchResult
+		err error
+	)
+	go func() {
+		defer close(done)
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		err = r.markPublished(mctx, &res, m)
+	}()
+	return func(into *BatchResult) error {
+		<-done
+		*into = res
+		return err
+	}
+}
+
+// drainOne is drainBatch in one piece: it also leaves out of its claim the
+// rows of seqs (a batch whose mark is in flight).
+func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, exclude []int64, deferMark bool) (BatchResult, *pendingMark, error) {
+	if err := ctx.Err(); err != nil {
+		return BatchResult{}, prev, err
+	}
+	// Past this point the batch is finished even if ctx is cancelled: a claim
+	// interrupted after the server committed it would strand rows until the
+	// lease expires. Every step has its own deadline instead.
+	ctx = context.WithoutCancel(ctx)
+	started := time.Now()
+	token := uuid.New()
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev, exclude)
+	if err != nil {
+		if prev != nil {
+			// The mark rolled back with the claim; send it on its own, with
+			// a deadline of its own (a hung statement or a half-open
+			// connection must not freeze the relay).
+			var res BatchResult
+			mctx, cancel := context.WithTimeout(ctx, markTimeout)
+			defer cancel()
+			if merr := r.markPublished(mctx, &res, prev); merr != nil {
+				err = errors.Join(err, merr)
+			}
+		}
+		return BatchResult{}, nil, err
+	}
+	res := BatchResult{Slept: slept}
+	if prev != nil {
+		r.notePublished(&res, prev, prevMarked)
+	}
+	var rowLeases []rowLease // with partition leases: each row's slot and token
+	if r.ownsPartitions() {
+		msgs = firstOfEachKey(msgs)
+		rowLeases = make([]rowLease, len(msgs))
+		for i, m := range msgs {
+			rowLeases[i] = r.leaseOf(m)
+		}
+	}
+	res.Claimed = len(msgs)
+	if len(msgs) == 0 {
+		return res, nil, nil
+	}
+	defer func() { r.cfg.Metrics.batch(res, time.Since(started)) }()
+	r.stats.claimed.Add(int64(len(msgs)))
+	if r.cfg.OnClaim != nil {
+		r.cfg.OnClaim(messageIDs(msgs))
+	}
+	failpoint.Inject("relay.after-claim")
+
+	streams := make([]string, len(msgs))
+	for i, m := range msgs {
+		streams[i] = r.cfg.streamKey(m.AggregateType, m.PartitionKey)
+	}
+	ids, errs := r.publish(ctx, msgs, streams)
+	failpoint.Inject("relay.after-xadd")
+	if pipelineDown(errs, streams) {
+		// Every command failed the same way: the broker, not the events.
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %w", errBrokerDown, errs[i])
+		}
+	}
+
+	out := r.sortOutcome(&res, token, sent{msgs, streams, ids, errs, rowLeases})
+	if r.cfg.OnPublish != nil && len(out.ok.ids) > 0 {
+		r.cfg.OnPublish(out.ok.ids)
+	}
+	next, err := r.record(ctx, &res, &out, deferMark)
+	r.stats.failed.Add(int64(res.Failed))
+	r.stats.released.Add(int64(res.Released))
+	return res, next, err
+}
+
+func messageIDs(msgs []message) []uuid.UUID {
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	return ids
+}

@@ -1,0 +1,129 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tedbank/outbox/internal/failpoint"
+)
+
+// claim claims one batch under token. In the same round trip it first tells
+// writers what op says and marks prev published (it returns how many of
+// prev's rows that mark updated).
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark, exclude []int64) (_ []message, marked int, slept bool, _ error) {
+	var (
+		msgs []message
+		b    pgx.Batch
+	)
+	queueRelayTx(&b)
+	var injected error
+	if op == flagBusy {
+		injected = failpoint.Error("relay.after-busy")
+	}
+	if injected != nil {
+		// Crash tests: a slow round trip (a pool wait, a lock) that says
+		// "busy" late and then fails, as a terminated backend would make
+		// it. The flag stays 0 (a sequence); the mark and claim roll back.
+		b.Queue("SELECT pg_sleep(0.3)")
+	}
+	switch op {
+	case flagBusy:
+		b.Queue(r.qBusy)
+	case flagSleep:
+		b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	}
+	if r.ownsPartitions() && (op != flagNone || r.state == saidBusy) {
+		// Writers are silent while any relay is busy, but this relay
+		// drains only its own slots: wake the others at every batch while
+		// busy, and when it says "sleep" (delivered at commit, after the
+		// writers that saw it busy: their rows may be in other slots).
+		b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.wakePayload())
+	}
+	if prev != nil {
+		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())...).Exec(func(tag pgconn.CommandTag) error {
+			marked = int(tag.RowsAffected())
+			return nil
+		})
+	}
+	b.Queue(indexedClaim)
+	args := []any{r.cfg.BatchSize, token, r.cfg.Name}
+	if r.ownsPartitions() {
+		args = []any{r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...)}
+	}
+	b.Queue(r.qClaim, args...).Query(func(rows pgx.Rows) error {
+		var err error
+		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
+		return err
+	})
+	if injected != nil {
+		b.Queue("SELECT $1::text::int", injected.Error())
+	}
+	if err := r.sendTx(ctx, &b); err != nil {
+		return nil, 0, false, fmt.Errorf("claim: %w", err)
+	}
+	return msgs, marked, slept, nil
+}
+
+// queueRelayTx queues the statements that open every relay transaction:
+// beginReadCommitted, then asyncCommit. sendTx closes it.
+func queueRelayTx(b *pgx.Batch) {
+	b.Queue(beginReadCommitted)
+	b.Queue(asyncCommit)
+}
+
+// sendTx commits the transaction queueRelayTx opened and sends the batch in
+// one round trip. When a statement fails, the rest (the COMMIT included) is
+// skipped and the transaction rolls back; the connection, left in a failed
+// transaction block, is closed by the pool when it is released.
+func (r *Relay) sendTx(ctx context.Context, b *pgx.Batch) error {
+	b.Queue("COMMIT")
+	return r.pool.SendBatch(ctx, b).Close()
+}
+
+// indexedClaim keeps the claim on its partial indexes whatever the table's
+// statistics say. Statistics taken while the outbox was empty (a new
+// database, or an idle outbox: the usual state) estimate one pending row, and
+// the planner then probes the per-aggregate gate with a sequential scan per
+// pending row: with a backlog of thousands, one claim took 10 s of CPU (found
+// by outbox bench writers on fresh databases; after an outage, the backlog
+// is exactly when the claim must be fast). Transaction-local.
+const indexedClaim = "SELECT set_config('enable_seqscan', 'off', true)"
+
+// beginReadCommitted: the wake-up protocol needs READ COMMITTED, whatever the
+// database's or role's default_transaction_isolation. The claim after
+// outbox_relay_sleep must see the rows of writers that committed while it
+// waited for them; under REPEATABLE READ or SERIALIZABLE its snapshot would
+// date from before the wait. (Claims under those levels would also fail with
+// serialization errors against other relays.) An explicit transaction block:
+// SET TRANSACTION in the implicit transaction of a pipeline works too, but
+// PostgreSQL logs a WARNING for each one, one per relay round trip (found
+// in the server log after a benchmark: 52,000 lines). It costs no round
+// trip, being queued in the batch with its COMMIT (sendTx).
+const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+// asyncCommit makes the relay's own transactions commit without waiting for
+// their WAL to reach disk (set_config(..., true) lasts for the transaction).
+// Safe because every relay write can be lost and redone: a claim, mark,
+// release or reap that a database crash forgets leaves the row publishing or
+// pending, so it is published again (a duplicate, which consumers skip). It
+// never touches the writers' transactions, which stay as durable as the
+// server makes them; and a later durable commit flushes these first, as WAL
+// is written in order. It takes a round trip's WAL flush off every claim, the
+// step between commit and stream on the latency path.
+const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
+
+// exec runs one relay write with asyncCommit, in one round trip.
+func (r *Relay) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	var (
+		b   pgx.Batch
+		tag pgconn.CommandTag
+	)
+	queueRelayTx(&b)
+	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	err := r.sendTx(ctx, &b)
+	return tag, err
+}

@@ -1,0 +1,126 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/tedbank/outbox/internal/retry"
+)
+
+// drainLoop is the relay's one drainer: it drains at start, then whenever a
+// notification, the fallback poll, a failed row's retry time or the end of a
+// database backoff says so, until ctx is cancelled. With partition leases it
+// also renews them while idle. It owns the wake-up state (wakeup.go), the
+// retry schedule and the leases.
+func (r *Relay) drainLoop(ctx context.Context) {
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	retryTimer := time.NewTimer(0)
+	defer retryTimer.Stop()
+	// On the way out, tell writers to notify again and wake the other
+	// relays: they may be asleep, waiting for writers this relay silenced.
+	defer r.sleepOnExit()
+	// Before that, give back the partition leases (if any) so that the
+	// relays it wakes can take them.
+	defer r.leaveLeases()
+	var renew <-chan time.Time // partition leases: renewals while idle
+	if r.ownsPartitions() {
+		t := time.NewTicker(r.leaseRenewInterval())
+		defer t.Stop()
+		renew = t.C
+	}
+	polled := false
+	for {
+		started := time.Now()
+		n, err := r.drain(ctx, polled)
+		if polled && n > 0 {
+			r.stats.pollsWithWork.Add(1)
+			r.cfg.Metrics.polled(true)
+		}
+		polled = false
+		var wait time.Duration // until the next drain at the latest (0: poll)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			wait = r.drainFailed(err)
+		default:
+			r.drainSucceeded()
+			// Rows that were claimable when this drain started were claimed.
+			r.retries.covered(started)
+		}
+		// Rows that failed become claimable again after their backoff; wake
+		// up for them then rather than at the next poll.
+		if at, ok := r.retries.next(); ok {
+			if d := time.Until(at); wait == 0 || d < wait {
+				wait = max(d, time.Millisecond)
+			}
+		}
+		retryTimer.Stop()
+		if wait > 0 && wait < r.cfg.PollInterval {
+			retryTimer.Reset(wait)
+		}
+	wait:
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-retryTimer.C:
+		case <-renew:
+			r.renewLeasesIfDue(ctx)
+			goto wait // it kicks the drainer if it took slots
+		case <-poll.C:
+			if time.Now().Before(r.dbRetryAt) {
+				goto wait // the database is failing: the backoff paces retries
+			}
+			r.stats.polls.Add(1)
+			r.cfg.Metrics.polled(false)
+			polled = true
+		}
+	}
+}
+
+// A drain that failed (the database unreachable, a statement timed out) is
+// tried again after a backoff from drainRetryMin to drainRetryMax; while it
+// keeps failing, a warning is logged at most every drainWarnEvery.
+const (
+	drainRetryMin  = 100 * time.Millisecond
+	drainRetryMax  = 5 * time.Second
+	drainWarnEvery = 30 * time.Second
+)
+
+// drainFailed records a failed drain and returns how soon to try again.
+func (r *Relay) drainFailed(err error) time.Duration {
+	now := time.Now()
+	r.dbFailures++
+	if r.dbFailures == 1 {
+		r.dbDownSince = now
+	}
+	d := retry.Backoff(r.dbFailures, drainRetryMin, drainRetryMax)
+	r.dbRetryAt = now.Add(d)
+	if r.dbFailures == 1 || now.Sub(r.dbWarned) >= drainWarnEvery {
+		r.dbWarned = now
+		r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
+			slog.Duration("retry_in", d), slog.Duration("failing_for", now.Sub(r.dbDownSince).Round(time.Millisecond)))
+	} else {
+		r.log.Debug("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
+			slog.Duration("retry_in", d))
+	}
+	return d
+}
+
+// drainSucceeded notes the end of a run of failed drains.
+func (r *Relay) drainSucceeded() {
+	if r.dbFailures == 0 {
+		return
+	}
+	r.log.Info("database reachable again; draining", slog.Int("failed_attempts", r.dbFailures),
+		slog.Duration("down_for", time.Since(r.dbDownSince).Round(time.Millisecond)))
+	r.dbFailures, r.dbRetryAt = 0, time.Time{}
+	// If the LISTEN connection is waiting out its backoff, reconnect now:
+	// until it is back, only this relay's poll finds new rows.
+	select {
+	case r.listenNow <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,107 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/internal/retry"
+)
+
+// sent is a batch after its publish round trip.
+type sent struct {
+	msgs    []message
+	streams []string   // msgs[i] went to streams[i]
+	ids     []string   // its stream entry id, if errs[i] is nil
+	errs    []error    // why it was not published
+	leases  []rowLease // with partition leases: the slot and token each row was read under
+}
+
+func (s *sent) leaseOf(i int) rowLease {
+	if s.leases == nil {
+		return rowLease{}
+	}
+	return s.leases[i]
+}
+
+// outcome is what a published batch leaves to record.
+type outcome struct {
+	ok         pendingMark // in the stream: mark published
+	failed     pendingMark // refused one by one (streamIDs holds the errors): count an attempt
+	failDelays []int64     // each failed row's backoff, in milliseconds
+	release    []uuid.UUID // the broker refused the batch as a whole: give back, no attempt counted
+}
+
+// sortOutcome sorts each row of b by its publish result, counting failures
+// and their retry delays in res.
+func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
+	out := outcome{ok: pendingMark{token: token}, failed: pendingMark{token: token}}
+	for i, m := range b.msgs {
+		err := b.errs[i]
+		switch {
+		case err == nil:
+			r.noteStream(b.streams[i])
+			out.ok.add(m.ID, m.Seq, b.ids[i], b.leaseOf(i))
+			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
+		case brokerUnavailable(err):
+			res.BrokerDown = true
+			res.Err = err
+			out.release = append(out.release, m.ID)
+		default:
+			res.Err = err
+			r.cfg.Metrics.failure(m.EventType)
+			out.failed.add(m.ID, m.Seq, truncate(err.Error(), 1000), b.leaseOf(i))
+			delay := retry.Backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
+			out.failDelays = append(out.failDelays, delay.Milliseconds())
+			res.retryAfter(delay)
+			r.log.Warn("publish failed", slog.String("event_id", m.ID.String()),
+				slog.String("event_type", m.EventType), slog.String("aggregate_id", m.AggregateID),
+				slog.Int("attempt", m.Attempts+1), slog.Int("max_attempts", r.cfg.MaxAttempts), slog.Any("error", err))
+		}
+	}
+	return out
+}
+
+// record marks out's rows: published (or, with deferMark, returns that mark
+// for the next claim's round trip), failed, and released. The marks are
+// fenced by the claim token (with partition leases, by each row's lease
+// token): a row another relay re-claimed after this relay's lease expired
+// is left to that relay.
+func (r *Relay) record(ctx context.Context, res *BatchResult, out *outcome, deferMark bool) (next *pendingMark, _ error) {
+	ctx, cancel := context.WithTimeout(ctx, markTimeout)
+	defer cancel()
+	if len(out.ok.ids) > 0 {
+		if deferMark {
+			next = &out.ok
+		} else if err := r.markPublished(ctx, res, &out.ok); err != nil {
+			return nil, err
+		}
+	}
+	if len(out.failed.ids) > 0 {
+		n, err := r.markFailed(ctx, &out.failed, out.failDelays)
+		if err != nil {
+			return next, fmt.Errorf("record %d failed publishes: %w", len(out.failed.ids), err)
+		}
+		res.Failed = n
+	}
+	if len(out.release) == 0 {
+		return next, nil
+	}
+	if r.ownsPartitions() {
+		// Nothing to give back: the rows were only read, and stay
+		// pending for this relay's next read.
+		res.Released = len(out.release)
+	} else {
+		n, err := r.release(ctx, out.ok.token, out.release, releaseDelay, res.Err)
+		if err != nil {
+			return next, err
+		}
+		res.Released = n
+	}
+	res.RetryIn = releaseDelay
+	res.retries = append(res.retries, releaseDelay)
+	return next, nil
+}

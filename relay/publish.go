@@ -1,0 +1,145 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/relay/entry"
+)
+
+// publish XADDs msgs (msgs[i] to streams[i]) in one pipeline, in claim (seq) order, and returns each
+// message's stream entry id or error.
+func (r *Relay) publish(ctx context.Context, msgs []message, streams []string) ([]string, []error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	cmds := make([]*redis.StringCmd, len(msgs))
+	spans := make([]trace.Span, len(msgs))
+	unconfirmed := make([]error, len(msgs))
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok && r.cfg.MinReplicas > 0 {
+		// WAIT counts the replicas that have the writes of its own
+		// connection, on one node: pipeline each master's share on a
+		// connection to that master, the masters side by side.
+		var wg sync.WaitGroup
+		for node, idx := range r.byMaster(ctx, cc, streams, unconfirmed) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.publishOn(ctx, node, idx, msgs, streams, cmds, spans, unconfirmed)
+			}()
+		}
+		wg.Wait()
+	} else {
+		all := make([]int, len(msgs))
+		for i := range all {
+			all[i] = i
+		}
+		r.publishOn(ctx, r.rdb, all, msgs, streams, cmds, spans, unconfirmed)
+	}
+	ids := make([]string, len(msgs))
+	errs := make([]error, len(msgs))
+	for i, c := range cmds {
+		if c == nil { // its master could not be found
+			errs[i] = unconfirmed[i]
+			continue
+		}
+		ids[i], errs[i] = c.Result()
+		if errs[i] == nil && unconfirmed[i] != nil {
+			errs[i] = unconfirmed[i]
+		}
+		if errs[i] != nil {
+			spans[i].RecordError(errs[i])
+			spans[i].SetStatus(codes.Error, errs[i].Error())
+		}
+		spans[i].End()
+	}
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(errs, movedSlot) {
+		cc.ReloadState(ctx) // a slot moved under a master's own connection
+	}
+	return ids, errs
+}
+
+// byMaster groups the indexes of streams by the master node serving each
+// stream's slot. An index whose master cannot be found gets its error in
+// errs and no group.
+func (r *Relay) byMaster(ctx context.Context, cc *redis.ClusterClient, streams []string, errs []error) map[Pipeliner][]int {
+	groups := map[Pipeliner][]int{}
+	nodes := map[string]*redis.Client{}
+	for i, s := range streams {
+		node, ok := nodes[s]
+		if !ok {
+			var err error
+			if node, err = cc.MasterForKey(ctx, s); err != nil {
+				errs[i] = fmt.Errorf("%w: find the master of %s: %w", errBrokerDown, s, err)
+				continue
+			}
+			nodes[s] = node
+		}
+		groups[node] = append(groups[node], i)
+	}
+	return groups
+}
+
+// publishOn XADDs the messages idx in one pipeline on rdb, followed, when
+// Config.MinReplicas is set, by a WAIT on the same connection; it fills cmds
+// and spans, and unconfirmed for each entry the replicas did not confirm.
+func (r *Relay) publishOn(ctx context.Context, rdb Pipeliner, idx []int, msgs []message, streams []string,
+	cmds []*redis.StringCmd, spans []trace.Span, unconfirmed []error) {
+	var wait *redis.Cmd
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range idx {
+			m := msgs[i]
+			// Continue the writer's trace; the entry carries this span on.
+			sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "outbox.publish",
+				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+					attribute.String("messaging.system", "redis"),
+					attribute.String("messaging.destination.name", streams[i]),
+					attribute.String("messaging.message.id", m.ID.String()),
+					attribute.String("outbox.event_type", m.EventType)))
+			spans[i] = span
+			headers := m.Headers
+			if span.IsRecording() {
+				headers = tracing.ReplaceJSON(sctx, headers)
+			}
+			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
+				Stream: streams[i],
+				Values: []any{
+					entry.EventID, m.ID.String(),
+					entry.EventType, m.EventType,
+					entry.AggregateType, m.AggregateType,
+					entry.AggregateID, m.AggregateID,
+					entry.Payload, m.Payload,
+					entry.Headers, headers,
+					entry.OccurredAt, m.CreatedAt.UTC().Format(time.RFC3339Nano),
+					entry.Seq, m.Seq,
+				},
+			})
+		}
+		if r.cfg.MinReplicas > 0 {
+			// On the pipeline's connection: WAIT counts the replicas that
+			// have every write this connection made.
+			wait = p.Do(ctx, "wait", r.cfg.MinReplicas, r.cfg.ReplicaTimeout.Milliseconds())
+		}
+		return nil
+	})
+	if wait == nil {
+		return
+	}
+	var err error
+	if n, werr := wait.Int64(); werr != nil {
+		err = fmt.Errorf("%w: %w: %w", errBrokerDown, errNotReplicated, werr)
+	} else if n < int64(r.cfg.MinReplicas) {
+		err = fmt.Errorf("%w: %w: %d of %d replicas within %s", errBrokerDown, errNotReplicated, n, r.cfg.MinReplicas, r.cfg.ReplicaTimeout)
+	}
+	for _, i := range idx {
+		unconfirmed[i] = err
+	}
+}
