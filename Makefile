@@ -25,13 +25,14 @@ demo:
 	  $(GO) run -tags failpoint ./cmd/outbox demo $(DEMO_FLAGS); \
 	fi
 
-# The relay tests run twice: with row claims (the default) and with
-# partition leases (relay --ownership partitions).
+# The relay's tests (relay/) and the end-to-end tests (the module root) run
+# twice: with row claims (the default) and with partition leases
+# (relay --ownership partitions).
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
 	$(GO) test -race -count=1 ./...
-	OUTBOX_RELAY_OWNERSHIP=partitions $(GO) test -race -count=1 .
+	OUTBOX_RELAY_OWNERSHIP=partitions $(GO) test -race -count=1 . ./relay
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

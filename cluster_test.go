@@ -17,6 +17,7 @@ import (
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/reconcile"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
@@ -50,7 +51,7 @@ func TestOnRedisCluster(t *testing.T) {
 			// The commands read the same deployment.
 			cmd := func(args ...string) []byte {
 				t.Helper()
-				c := f.outboxCmd("", args...)
+				c := f.OutboxCmd("", args...)
 				c.Env = append(c.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "OUTBOX_PARTITIONS=4")
 				out, err := c.Output()
 				if err != nil {
@@ -59,7 +60,7 @@ func TestOnRedisCluster(t *testing.T) {
 				return out
 			}
 			var st cli.Status
-			if err := json.Unmarshal(cmd("status", "--json", "--stream", f.stream(), "--key-prefix", f.keyPrefix()), &st); err != nil {
+			if err := json.Unmarshal(cmd("status", "--json", "--stream", f.Stream(), "--key-prefix", f.keyPrefix()), &st); err != nil {
 				t.Fatal(err)
 			}
 			if st.StreamLength != int64(len(teds)) || st.GroupPending != 0 || st.GroupLag != 0 || len(st.ByPartition) != 4 {
@@ -75,21 +76,21 @@ func TestOnRedisCluster(t *testing.T) {
 			// reconcile: nothing differs; then one sender's total is changed
 			// behind anti-fraud's back, and it is that sender it reports.
 			var rec reconcile.Report
-			if err := json.Unmarshal(cmd("reconcile", "--json", "--grace", "0s", "--stream", f.stream(), "--key-prefix", f.keyPrefix()), &rec); err != nil {
+			if err := json.Unmarshal(cmd("reconcile", "--json", "--grace", "0s", "--stream", f.Stream(), "--key-prefix", f.keyPrefix()), &rec); err != nil {
 				t.Fatal(err)
 			}
 			if !rec.OK || rec.Transfers != len(teds) || rec.Events != len(teds) || rec.Senders != 20 {
 				t.Fatalf("reconcile on the cluster: %+v", rec)
 			}
 			var settledAt time.Time
-			if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-07' LIMIT 1").Scan(&settledAt); err != nil {
+			if err := f.Pool.QueryRow(f.Ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-07' LIMIT 1").Scan(&settledAt); err != nil {
 				t.Fatal(err)
 			}
 			day, _ := fraud.Day(settledAt)
-			if err := cc.HIncrBy(f.ctx, f.keys().Sender("acct-07").DayAccount(day, "acct-07"), "sent_cents", 1).Err(); err != nil {
+			if err := cc.HIncrBy(f.Ctx, f.keys().Sender("acct-07").DayAccount(day, "acct-07"), "sent_cents", 1).Err(); err != nil {
 				t.Fatal(err)
 			}
-			c := f.outboxCmd("", "reconcile", "--json", "--grace", "0s", "--stream", f.stream(), "--key-prefix", f.keyPrefix())
+			c := f.OutboxCmd("", "reconcile", "--json", "--grace", "0s", "--stream", f.Stream(), "--key-prefix", f.keyPrefix())
 			c.Env = append(c.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "OUTBOX_PARTITIONS=4")
 			out, err := c.Output()
 			if err == nil || json.Unmarshal(out, &rec) != nil || rec.OK || rec.TotalsDiffer != 1 || rec.SenderDiffs[0].Account != "acct-07" {
@@ -99,9 +100,9 @@ func TestOnRedisCluster(t *testing.T) {
 			// The demo runs on the cluster too (its keys under a prefix of
 			// its own, removed afterwards; a database of its own, where no
 			// relay of this test publishes its events elsewhere).
-			demo := f.outboxCmd("", "demo", "--short")
+			demo := f.OutboxCmd("", "demo", "--short")
 			demo.Env = append(demo.Env, "REDIS_URL="+cluster.URL, "REDIS_CLUSTER=true", "DATABASE_URL="+outboxtest.PostgresURL(t))
-			if out, err := runWithTimeout(demo, 2*time.Minute); err != nil || !strings.Contains(string(out), "checks passed, 0 failed") {
+			if out, err := relaytest.RunWithTimeout(demo, 2*time.Minute); err != nil || !strings.Contains(string(out), "checks passed, 0 failed") {
 				t.Fatalf("outbox demo on the cluster: %v\n%s", err, out)
 			}
 		})
@@ -113,22 +114,22 @@ func TestOnRedisCluster(t *testing.T) {
 // that every TED was judged once, each sender's in commit order, with the
 // partitions spread over the masters.
 func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []transfer.Transfer {
-	t := f.t
+	t := f.T
 	t.Helper()
-	rcfg := f.relayConfig("r1")
+	rcfg := f.RelayConfig("r1")
 	rcfg.Partitions, rcfg.MinReplicas = f.partitions, minReplicas
-	r, err := relay.New(f.pool, cc, rcfg)
+	r, err := relay.New(f.Pool, cc, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.run(r.Run)
+	f.Run(r.Run)
 	var (
 		mu      sync.Mutex
 		applied = map[string][]string{} // sender -> transfer ids, in the order applied
 	)
 	for _, name := range []string{"c1", "c2"} {
 		c, err := fraud.New(cc, fraud.Config{
-			Stream: f.stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, MinReplicas: minReplicas,
+			Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, MinReplicas: minReplicas,
 			Block: 100 * time.Millisecond, PartitionLease: 2 * time.Second,
 			OnProcessed: func(ev fraud.Event, outcome string) {
 				if outcome != "duplicate" {
@@ -141,7 +142,7 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.run(c.Run)
+		f.Run(c.Run)
 	}
 
 	teds := make([]transfer.Transfer, 200)
@@ -152,7 +153,7 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 			defer wg.Done()
 			for i := w; i < len(teds); i += 4 {
 				teds[i] = transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%02d", i%20), ToAccount: "acct-99", AmountCents: int64(100 + i)}
-				if _, err := transfer.Settle(f.ctx, f.pool, teds[i]); err != nil {
+				if _, err := transfer.Settle(f.Ctx, f.Pool, teds[i]); err != nil {
 					t.Error(err)
 				}
 			}
@@ -161,11 +162,11 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 	wg.Wait()
 	keys := f.keys()
 	outboxtest.Eventually(t, 30*time.Second, func() bool {
-		rep, err := fraud.ReadReport(f.ctx, cc, keys)
+		rep, err := fraud.ReadReport(f.Ctx, cc, keys)
 		return err == nil && rep.Verdicts == int64(len(teds))
 	}, "not every TED judged on the cluster")
 
-	rep, err := fraud.ReadReport(f.ctx, cc, keys)
+	rep, err := fraud.ReadReport(f.Ctx, cc, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,13 +178,13 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 	for i, ted := range teds {
 		ids[i] = ted.ID.String()
 	}
-	verdicts, err := fraud.ReadVerdicts(f.ctx, cc, keys, ids)
+	verdicts, err := fraud.ReadVerdicts(f.Ctx, cc, keys, ids)
 	if err != nil || slices.Contains(verdicts, "") {
 		t.Fatalf("verdicts on the cluster: %v (err %v)", verdicts, err)
 	}
 
 	// Each sender's TEDs were applied in commit (seq) order.
-	rows, err := f.pool.Query(f.ctx, "SELECT aggregate_id FROM outbox_messages ORDER BY seq")
+	rows, err := f.Pool.Query(f.Ctx, "SELECT aggregate_id FROM outbox_messages ORDER BY seq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,8 +208,8 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 
 	// The partitions are spread over the masters.
 	masters := map[string]bool{}
-	for _, s := range partition.Streams(f.stream(), f.partitions) {
-		node, err := cc.MasterForKey(f.ctx, s)
+	for _, s := range partition.Streams(f.Stream(), f.partitions) {
+		node, err := cc.MasterForKey(f.Ctx, s)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,10 +80,10 @@ func get(t *testing.T, url string) (int, string) {
 func TestMetricsFollowTheOutbox(t *testing.T) {
 	f := newFixture(t)
 	reg := metrics.NewRegistry()
-	reg.MustRegister(relay.NewOutboxCollector(f.pool))
-	cfg := f.relayConfig("r1")
+	reg.MustRegister(relay.NewOutboxCollector(f.Pool))
+	cfg := f.RelayConfig("r1")
 	cfg.Metrics = relay.NewMetrics(reg)
-	r := f.newRelay(cfg, nil)
+	r := f.NewRelay(cfg, nil)
 	srv := httptest.NewServer(metrics.Handler(reg, r.Ready))
 	defer srv.Close()
 
@@ -94,7 +94,7 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 		t.Fatalf("/readyz before the relay runs: %d %s, want 503 (LISTEN down)", code, body)
 	}
 
-	f.settle(7)
+	f.Settle(7)
 	if got := scrape(t, srv.URL, "outbox_messages", "status", "pending"); got != 7 {
 		t.Fatalf("pending gauge %v, want 7", got)
 	}
@@ -102,7 +102,7 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 		t.Fatalf("retrying gauge %v before any failure, want 0", got)
 	}
 	// Two rows failed once and wait for their retry (they stay claimable).
-	f.exec("UPDATE outbox_messages SET attempts = 1 WHERE id IN (SELECT id FROM outbox_messages ORDER BY seq LIMIT 2)")
+	f.Exec("UPDATE outbox_messages SET attempts = 1 WHERE id IN (SELECT id FROM outbox_messages ORDER BY seq LIMIT 2)")
 	if got := scrape(t, srv.URL, "outbox_messages_retrying"); got != 2 {
 		t.Fatalf("retrying gauge %v, want 2", got)
 	}
@@ -113,7 +113,7 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 		t.Fatalf("oldest pending age %v then %v: want it positive and growing while events wait", age1, age2)
 	}
 
-	f.run(r.Run)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return scrape(t, srv.URL, "outbox_messages", "status", "pending") == 0
 	}, "pending gauge never dropped to 0")
@@ -128,7 +128,7 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return scrape(t, srv.URL, "outbox_relay_published_total") == 7
 	}, "published_total never reached 7")
-	if got := f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'"); got != 7 {
+	if got := f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'"); got != 7 {
 		t.Fatalf("%d published rows", got)
 	}
 	if got := scrape(t, srv.URL, "outbox_relay_listen_connected"); got != 1 {
@@ -151,10 +151,10 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 	// Anti-fraud: processed, duplicates and the group's pending count.
 	creg := metrics.NewRegistry()
 	c := f.consumer("c1", func(c *fraud.Config) { c.Metrics = fraud.NewMetrics(creg) })
-	creg.MustRegister(fraud.NewGroupCollector(f.rdb.Client, f.stream(), fraud.DefaultGroup))
+	creg.MustRegister(fraud.NewGroupCollector(f.Redis.Client, f.Stream(), fraud.DefaultGroup))
 	csrv := httptest.NewServer(metrics.Handler(creg, c.Ready))
 	defer csrv.Close()
-	f.run(c.Run)
+	f.Run(c.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return scrape(t, csrv.URL, "outbox_fraud_events_processed_total", "verdict", "approve") == 7
 	}, "processed counter never reached 7")

@@ -17,6 +17,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/partition"
 )
 
@@ -31,18 +32,18 @@ func TestPartitionKeyDefaultsToTheAggregateID(t *testing.T) {
 		{AggregateType: "account", AggregateID: "a-2", EventType: "account.credited", Payload: []byte(`{}`)},
 	}
 	var written []outbox.Written
-	if err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) (err error) {
-		written, err = outbox.Write(f.ctx, tx, msgs...)
+	if err := pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) (err error) {
+		written, err = outbox.Write(f.Ctx, tx, msgs...)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	f.exec(`INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload) VALUES ('account', 'a-3', 'account.opened', '{}')`)
+	f.Exec(`INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload) VALUES ('account', 'a-3', 'account.opened', '{}')`)
 
 	partition := func(where string, args ...any) string {
 		t.Helper()
 		var p string
-		if err := f.pool.QueryRow(f.ctx, "SELECT coalesce(partition_key, aggregate_id) FROM outbox_messages WHERE "+where, args...).Scan(&p); err != nil {
+		if err := f.Pool.QueryRow(f.Ctx, "SELECT coalesce(partition_key, aggregate_id) FROM outbox_messages WHERE "+where, args...).Scan(&p); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -61,7 +62,7 @@ func TestPartitionKeyDefaultsToTheAggregateID(t *testing.T) {
 	if err := long.Validate(); !errors.Is(err, outbox.ErrInvalidMessage) {
 		t.Errorf("Validate of a 201-byte partition key: %v", err)
 	}
-	_, err := f.pool.Exec(f.ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
+	_, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
 		VALUES ('account', 'a-4', 'x', '{}', $1)`, strings.Repeat("k", 201))
 	if err == nil || !strings.Contains(err.Error(), "outbox_messages_partition_key_set") {
 		t.Errorf("INSERT of a 201-byte partition key: %v, want the CHECK to refuse it", err)
@@ -78,7 +79,7 @@ func TestPartitionOfMatchesItsSQLSpelling(t *testing.T) {
 	}
 	keys = append(keys, "", "conta-çã", strings.Repeat("x", 200))
 	for _, n := range []int{2, 16, 1000} {
-		rows, err := f.pool.Query(f.ctx, `SELECT (('x' || substr(md5(k), 1, 8))::bit(32)::bigint) % $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`, keys, n)
+		rows, err := f.Pool.Query(f.Ctx, `SELECT (('x' || substr(md5(k), 1, 8))::bit(32)::bigint) % $2 FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i`, keys, n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +103,7 @@ func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
 	f := newFixture(t)
 	const keys, perKey, parts = 12, 20, 4
 	for i := range perKey {
-		err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) error {
 			msgs := make([]outbox.Message, keys)
 			for k := range msgs {
 				msgs[k] = outbox.Message{
@@ -111,7 +112,7 @@ func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
 					EventType:    "payment.made", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)),
 				}
 			}
-			_, err := outbox.Write(f.ctx, tx, msgs...)
+			_, err := outbox.Write(f.Ctx, tx, msgs...)
 			return err
 		})
 		if err != nil {
@@ -119,11 +120,11 @@ func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
 		}
 	}
 
-	f.publishThroughFlakyRelays(parts, keys*perKey)
+	f.PublishThroughFlakyRelays(parts, keys*perKey)
 
 	next, seen := map[string]int{}, 0
-	for p, stream := range partition.Streams(f.streamPrefix()+"payment", parts) {
-		msgs, err := f.rdb.XRange(f.ctx, stream, "-", "+").Result()
+	for p, stream := range partition.Streams(f.StreamPrefix()+"payment", parts) {
+		msgs, err := f.Redis.XRange(f.Ctx, stream, "-", "+").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,23 +157,23 @@ func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
 	msg := func(agg string) outbox.Message {
 		return outbox.Message{AggregateType: "payment", AggregateID: agg, PartitionKey: "acct-lock", EventType: "payment.made", Payload: []byte(`{}`)}
 	}
-	first, err := f.pool.Begin(f.ctx)
+	first, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Rollback(f.ctx)
-	if _, err := outbox.Write(f.ctx, first, msg("pay-1")); err != nil {
+	defer first.Rollback(f.Ctx)
+	if _, err := outbox.Write(f.Ctx, first, msg("pay-1")); err != nil {
 		t.Fatal(err)
 	}
 	var firstPID int
-	if err := first.QueryRow(f.ctx, "SELECT pg_backend_pid()").Scan(&firstPID); err != nil {
+	if err := first.QueryRow(f.Ctx, "SELECT pg_backend_pid()").Scan(&firstPID); err != nil {
 		t.Fatal(err)
 	}
 
 	done := make(chan error, 1)
 	go func() {
-		done <- pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
-			_, err := outbox.Write(f.ctx, tx, msg("pay-2"))
+		done <- pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) error {
+			_, err := outbox.Write(f.Ctx, tx, msg("pay-2"))
 			return err
 		})
 	}()
@@ -183,15 +184,15 @@ func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
 			t.Fatalf("the second writer of the key finished (%v) while the first was still open", err)
 		default:
 		}
-		return f.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, firstPID) == 1
+		return f.Count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, firstPID) == 1
 	}, "the second writer never waited for the first")
-	if err := first.Commit(f.ctx); err != nil {
+	if err := first.Commit(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if n := f.count(`SELECT count(*) FROM outbox_messages a JOIN outbox_messages b ON a.seq < b.seq
+	if n := f.Count(`SELECT count(*) FROM outbox_messages a JOIN outbox_messages b ON a.seq < b.seq
 		WHERE a.aggregate_id = 'pay-1' AND b.aggregate_id = 'pay-2'`); n != 1 {
 		t.Fatal("the first writer's event does not come first in seq order")
 	}
@@ -205,19 +206,19 @@ func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
 			other = k
 		}
 	}
-	hold, err := f.pool.Begin(f.ctx)
+	hold, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer hold.Rollback(f.ctx)
-	if _, err := outbox.Write(f.ctx, hold, msg("pay-3")); err != nil {
+	defer hold.Rollback(f.Ctx)
+	if _, err := outbox.Write(f.Ctx, hold, msg("pay-3")); err != nil {
 		t.Fatal(err)
 	}
 	m := msg("pay-4")
 	m.PartitionKey = other
-	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(f.Ctx, 5*time.Second)
 	defer cancel()
-	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+	if err := pgx.BeginFunc(ctx, f.Pool, func(tx pgx.Tx) error {
 		_, err := outbox.Write(ctx, tx, m)
 		return err
 	}); err != nil {
@@ -234,15 +235,15 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 	f := newFixture(t)
 	f.partitions = 4
 	cmd := func(args ...string) *exec.Cmd {
-		c := f.outboxCmd("", args...)
+		c := f.OutboxCmd("", args...)
 		c.Env = append(c.Env, "OUTBOX_PARTITIONS=4")
 		return c
 	}
-	var logs syncBuffer
+	var logs relaytest.SyncBuffer
 	for _, c := range []*exec.Cmd{
-		cmd("relay", "--stream-prefix", f.streamPrefix(), "--poll", "1m"),
-		cmd("fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1", "--block", "200ms", "--partition-lease", "2s"),
-		cmd("fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c2", "--block", "200ms", "--partition-lease", "2s"),
+		cmd("relay", "--stream-prefix", f.StreamPrefix(), "--poll", "1m"),
+		cmd("fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1", "--block", "200ms", "--partition-lease", "2s"),
+		cmd("fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c2", "--block", "200ms", "--partition-lease", "2s"),
 	} {
 		c.Stdout, c.Stderr = &logs, &logs
 		if err := c.Start(); err != nil {
@@ -252,7 +253,7 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 	}
 	status := func() (st cli.Status) {
 		t.Helper()
-		out, err := cmd("status", "--json", "--stream", f.stream(), "--key-prefix", f.keyPrefix()).Output()
+		out, err := cmd("status", "--json", "--stream", f.Stream(), "--key-prefix", f.keyPrefix()).Output()
 		if err != nil {
 			t.Fatalf("status: %v", err)
 		}
@@ -279,8 +280,8 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 
 	// Each sender's TEDs sit in its partition's stream in settled order.
 	pos := map[string]int{}
-	for _, stream := range partition.Streams(f.stream(), 4) {
-		for i, id := range f.entries(stream) {
+	for _, stream := range partition.Streams(f.Stream(), 4) {
+		for i, id := range f.Entries(stream) {
 			pos[id] = i
 		}
 	}
@@ -288,7 +289,7 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 	seq := map[string]int{}
 	for _, ted := range teds {
 		var id string
-		if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&id); err != nil {
+		if err := f.Pool.QueryRow(f.Ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
 		p, ok := pos[id]

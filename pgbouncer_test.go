@@ -44,7 +44,7 @@ func startPgBouncer(t *testing.T, dbURL, mode string) *testenv.Server {
 // left for the poll (10 minutes here).
 func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 	f := newFixture(t)
-	bouncer := startPgBouncer(t, f.dbURL, "transaction")
+	bouncer := startPgBouncer(t, f.DBURL, "transaction")
 
 	pcfg, err := pgxpool.ParseConfig(bouncer.URL)
 	if err != nil {
@@ -53,24 +53,24 @@ func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 	pcfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test-bouncer"
 	pcfg.MaxConns = 16
 	pcfg.AfterConnect = outbox.RegisterTypes
-	pooled, err := pgxpool.NewWithConfig(f.ctx, pcfg)
+	pooled, err := pgxpool.NewWithConfig(f.Ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pooled.Close)
 	var through string
-	if err := pooled.QueryRow(f.ctx, "SHOW application_name").Scan(&through); err != nil {
+	if err := pooled.QueryRow(f.Ctx, "SHOW application_name").Scan(&through); err != nil {
 		t.Fatalf("query through PgBouncer: %v", err)
 	}
 
-	cfg := f.relayConfig("bounced")
+	cfg := f.RelayConfig("bounced")
 	cfg.BatchSize = 8 // several claims per burst: the relay goes busy and back to sleep
-	cfg.ListenConfig = f.pool.Config().ConnConfig.Copy()
-	r, err := relay.New(pooled, f.rdb.Client, cfg)
+	cfg.ListenConfig = f.Pool.Config().ConnConfig.Copy()
+	r, err := relay.New(pooled, f.Redis.Client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := f.run(r.Run)
+	stop := f.Run(r.Run)
 	defer stop()
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "LISTEN never came up")
 
@@ -88,7 +88,7 @@ func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 				for i := range perWriter {
 					tr := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("acct-%02d", w),
 						ToAccount: fmt.Sprintf("acct-%02d", 10+i%5), AmountCents: int64(100 + b)}
-					res, err := transfer.Settle(f.ctx, pooled, tr)
+					res, err := transfer.Settle(f.Ctx, pooled, tr)
 					if err != nil {
 						t.Errorf("settle through PgBouncer: %v", err)
 						return
@@ -101,11 +101,11 @@ func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 		}
 		wg.Wait()
 		n := len(want)
-		outboxtest.Eventually(t, 5*time.Second, func() bool { return len(f.entries(f.stream())) >= n },
+		outboxtest.Eventually(t, 5*time.Second, func() bool { return len(f.Entries(f.Stream())) >= n },
 			fmt.Sprintf("burst %d: not every event published within 5s (the poll is 10 minutes)", b+1))
 		time.Sleep(50 * time.Millisecond)
 	}
-	got := f.entries(f.stream())
+	got := f.Entries(f.Stream())
 	seen := map[string]bool{}
 	for _, id := range got {
 		if !want[id] || seen[id] {
@@ -117,7 +117,7 @@ func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 		t.Fatalf("%d events in the stream, want %d", len(seen), bursts*writers*perWriter)
 	}
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status <> 'published'") == 0
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status <> 'published'") == 0
 	}, "rows left unpublished")
 	if st := r.Stats(); st.Polls != 0 || st.Notifications == 0 {
 		t.Fatalf("stats %+v: want wake-ups by notification, no poll", st)

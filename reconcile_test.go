@@ -18,18 +18,18 @@ import (
 // anti-fraud has not read yet, and a sender's total changed behind its back.
 func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	f := newFixture(t)
-	r := f.newRelay(f.relayConfig("r1"), nil)
-	stopRelay := f.run(r.Run)
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	stopRelay := f.Run(r.Run)
 	c := f.consumer("c1", nil)
-	stopConsumer := f.run(c.Run)
-	teds := f.settle(30)
+	stopConsumer := f.Run(c.Run)
+	teds := f.Settle(30)
 	// Marked published in PostgreSQL too: a batch's mark (and its
 	// stream_id) rides the relay's next round trip, after the XADD that
 	// anti-fraud may already have read.
 	published := func(n int) {
 		t.Helper()
 		outboxtest.Eventually(t, 10*time.Second, func() bool {
-			return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == n
+			return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == n
 		}, "%d events not marked published", n)
 	}
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == int64(len(teds)) },
@@ -37,8 +37,8 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	published(30)
 
 	later := time.Now().Add(2 * time.Minute) // every event past the grace period
-	opt := reconcile.Options{Since: time.Now().Add(-time.Hour), Stream: f.stream(), KeyPrefix: f.keyPrefix(), Now: later}
-	rep, err := reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	opt := reconcile.Options{Since: time.Now().Add(-time.Hour), Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Now: later}
+	rep, err := reconcile.Run(f.Ctx, f.Pool, f.Redis.Client, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,17 +49,17 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	// Anti-fraud stops; two more TEDs are published; one entry is deleted
 	// before anti-fraud could read it.
 	stopConsumer()
-	behind := f.settle(2)
+	behind := f.Settle(2)
 	published(32)
 	var deletedEvent, behindEvent string
 	for _, tr := range behind {
 		var id, sid string
-		if err := f.pool.QueryRow(f.ctx, "SELECT id::text, stream_id FROM outbox_messages WHERE aggregate_id = $1", tr.ID.String()).Scan(&id, &sid); err != nil {
+		if err := f.Pool.QueryRow(f.Ctx, "SELECT id::text, stream_id FROM outbox_messages WHERE aggregate_id = $1", tr.ID.String()).Scan(&id, &sid); err != nil {
 			t.Fatal(err)
 		}
 		if deletedEvent == "" {
 			deletedEvent = id
-			if err := f.rdb.XDel(f.ctx, f.stream(), sid).Err(); err != nil {
+			if err := f.Redis.XDel(f.Ctx, f.Stream(), sid).Err(); err != nil {
 				t.Fatal(err)
 			}
 		} else {
@@ -68,25 +68,25 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	}
 	// The relay stops; one more TED stays pending.
 	stopRelay()
-	pendingTED := f.settle(1)[0]
+	pendingTED := f.Settle(1)[0]
 	var pendingEvent string
-	if err := f.pool.QueryRow(f.ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", pendingTED.ID.String()).Scan(&pendingEvent); err != nil {
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1", pendingTED.ID.String()).Scan(&pendingEvent); err != nil {
 		t.Fatal(err)
 	}
 	// A transfer written without its event (what the outbox forbids).
 	lone := uuid.New()
-	f.exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-lone', 'acct-00', 500)", lone)
+	f.Exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-lone', 'acct-00', 500)", lone)
 	// A sender's total changed behind anti-fraud's back.
 	var settledAt time.Time
-	if err := f.pool.QueryRow(f.ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-003' LIMIT 1").Scan(&settledAt); err != nil {
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT settled_at FROM transfers WHERE from_account = 'acct-003' LIMIT 1").Scan(&settledAt); err != nil {
 		t.Fatal(err)
 	}
 	day, _ := fraud.Day(settledAt)
-	if err := f.rdb.HIncrBy(f.ctx, fraud.Keys{Prefix: f.keyPrefix()}.DayAccount(day, "acct-003"), "sent_cents", 1).Err(); err != nil {
+	if err := f.Redis.HIncrBy(f.Ctx, fraud.Keys{Prefix: f.keyPrefix()}.DayAccount(day, "acct-003"), "sent_cents", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
 
-	rep, err = reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	rep, err = reconcile.Run(f.Ctx, f.Pool, f.Redis.Client, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	// Within the grace period, the pending and unread events are not (yet)
 	// differences; the missing event and the wrong total are.
 	opt.Now = time.Now()
-	rep, err = reconcile.Run(f.ctx, f.pool, f.rdb.Client, opt)
+	rep, err = reconcile.Run(f.Ctx, f.Pool, f.Redis.Client, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,11 +25,11 @@ import (
 func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	f := newFixture(t)
 	rdb, addReplica := replicatedRedis(t)
-	cfg := f.relayConfig("r1")
+	cfg := f.RelayConfig("r1")
 	cfg.MinReplicas, cfg.ReplicaTimeout = 2, 100*time.Millisecond
-	r := f.newRelay(cfg, rdb)
-	teds := f.settle(3)
-	res, err := r.DrainBatch(f.ctx)
+	r := f.NewRelay(cfg, rdb)
+	teds := f.Settle(3)
+	res, err := r.DrainBatch(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 		t.Fatalf("one replica of two: %+v, want the 3 entries released, none published", res)
 	}
 	var attempts, pending int
-	if err := f.pool.QueryRow(f.ctx, "SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE status = 'pending') FROM outbox_messages").Scan(&attempts, &pending); err != nil {
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE status = 'pending') FROM outbox_messages").Scan(&attempts, &pending); err != nil {
 		t.Fatal(err)
 	}
 	if attempts != 0 || pending != 3 {
@@ -47,7 +47,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	addReplica() // the second replica arrives
 	published := 0
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
-		res, err := r.DrainBatch(f.ctx)
+		res, err := r.DrainBatch(f.Ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,16 +56,16 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	}, "not published once both replicas were there")
 	for _, ted := range teds {
 		var status string
-		if err := f.pool.QueryRow(f.ctx, "SELECT status FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&status); err != nil || status != "published" {
+		if err := f.Pool.QueryRow(f.Ctx, "SELECT status FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()).Scan(&status); err != nil || status != "published" {
 			t.Fatalf("event of %s: %q (%v)", ted.ID, status, err)
 		}
 	}
-	if n, err := rdb.XLen(f.ctx, f.stream()).Result(); err != nil || n < 6 {
+	if n, err := rdb.XLen(f.Ctx, f.Stream()).Result(); err != nil || n < 6 {
 		t.Fatalf("stream holds %d entries (%v): want the 3 unconfirmed ones and the 3 confirmed", n, err)
 	}
 
 	cfg.MinReplicas = -1
-	if _, err := relay.New(f.pool, rdb, cfg); err == nil {
+	if _, err := relay.New(f.Pool, rdb, cfg); err == nil {
 		t.Fatal("negative MinReplicas accepted")
 	}
 }

@@ -19,24 +19,24 @@ import (
 // role that is a member of role (roles are cluster-wide: unique names,
 // dropped after the test).
 func (f *fixture) asRole(role string) *pgxpool.Pool {
-	f.t.Helper()
+	f.T.Helper()
 	login := "t_" + strings.ReplaceAll(uuid.NewString()[:12], "-", "")
 	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'pw' IN ROLE "+role); err != nil {
-		f.t.Fatal(err)
+	if _, err := f.Pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'pw' IN ROLE "+role); err != nil {
+		f.T.Fatal(err)
 	}
-	u, err := url.Parse(f.dbURL)
+	u, err := url.Parse(f.DBURL)
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
 	u.User = url.UserPassword(login, "pw")
 	pool, err := pgxpool.New(ctx, u.String())
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
-	f.t.Cleanup(func() {
+	f.T.Cleanup(func() {
 		pool.Close()
-		_, _ = f.pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+login)
+		_, _ = f.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+login)
 	})
 	return pool
 }
@@ -49,7 +49,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.pool.Exec(f.ctx, string(roles)); err != nil {
+	if _, err := f.Pool.Exec(f.Ctx, string(roles)); err != nil {
 		t.Fatalf("sql/roles.sql: %v", err)
 	}
 	writer, relayPool := f.asRole("outbox_writer"), f.asRole("outbox_relay")
@@ -57,22 +57,22 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	teds := make([]transfer.Transfer, 5)
 	for i := range teds {
 		teds[i] = transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: int64(i + 1)}
-		if _, err := transfer.Settle(f.ctx, writer, teds[i]); err != nil {
+		if _, err := transfer.Settle(f.Ctx, writer, teds[i]); err != nil {
 			t.Fatalf("settle as outbox_writer: %v", err)
 		}
 	}
-	if res, err := transfer.Settle(f.ctx, writer, teds[0]); err != nil || !res.AlreadySettled {
+	if res, err := transfer.Settle(f.Ctx, writer, teds[0]); err != nil || !res.AlreadySettled {
 		t.Fatalf("idempotent settle as outbox_writer: %+v %v", res, err)
 	}
 
-	cfg := f.relayConfig("r1")
+	cfg := f.RelayConfig("r1")
 	cfg.ListenConfig = relayPool.Config().ConnConfig.Copy()
-	r := f.newRelayWithPool(relayPool, cfg)
-	f.run(r.Run)
+	r := f.NewRelayWithPool(relayPool, cfg)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
 	}, "relay under outbox_relay did not publish")
-	if n, err := r.Reap(f.ctx); err != nil || n != 0 {
+	if n, err := r.Reap(f.Ctx); err != nil || n != 0 {
 		t.Fatalf("reap as outbox_relay: %d %v", n, err)
 	}
 
@@ -88,7 +88,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		{"relay", relayPool, "DELETE FROM outbox_messages"},
 		{"relay", relayPool, "SELECT count(*) FROM transfers"},
 	} {
-		if _, err := c.pool.Exec(f.ctx, c.sql); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		if _, err := c.pool.Exec(f.Ctx, c.sql); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("%s ran %q: err %v, want permission denied", c.who, c.sql, err)
 		}
 	}

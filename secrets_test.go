@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 )
 
 // Passwords in the URLs work (a PostgreSQL login role, a Redis ACL user
@@ -23,18 +24,18 @@ func TestSecretsNeverLeakAndAuthUsersWork(t *testing.T) {
 	pgPass, redisPass := "pg-S3cret-"+uuid.NewString()[:8], "redis-S3cret-"+uuid.NewString()[:8]
 	pgUser, redisUser := "t_"+strings.ReplaceAll(uuid.NewString()[:12], "-", ""), "t-"+uuid.NewString()[:8]
 
-	if _, err := f.pool.Exec(ctx, "CREATE ROLE "+pgUser+" LOGIN SUPERUSER PASSWORD '"+pgPass+"'"); err != nil {
+	if _, err := f.Pool.Exec(ctx, "CREATE ROLE "+pgUser+" LOGIN SUPERUSER PASSWORD '"+pgPass+"'"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = f.pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgUser) })
-	if err := f.rdb.Do(ctx, "ACL", "SETUSER", redisUser, "on", ">"+redisPass, "~"+f.rdb.Prefix+"*", "+@all").Err(); err != nil {
+	t.Cleanup(func() { _, _ = f.Pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+pgUser) })
+	if err := f.Redis.Do(ctx, "ACL", "SETUSER", redisUser, "on", ">"+redisPass, "~"+f.Redis.Prefix+"*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.rdb.Do(context.Background(), "ACL", "DELUSER", redisUser) })
+	t.Cleanup(func() { f.Redis.Do(context.Background(), "ACL", "DELUSER", redisUser) })
 
-	pgURL, _ := url.Parse(f.dbURL)
+	pgURL, _ := url.Parse(f.DBURL)
 	pgURL.User = url.UserPassword(pgUser, pgPass)
-	rURL, _ := url.Parse(f.rdb.URL)
+	rURL, _ := url.Parse(f.Redis.URL)
 	rURL.User = url.UserPassword(redisUser, redisPass)
 	env := func(db, rd string) []string {
 		return append(os.Environ(), "DATABASE_URL="+db, "REDIS_URL="+rd, "OUTBOX_LOG_LEVEL=debug")
@@ -49,21 +50,21 @@ func TestSecretsNeverLeakAndAuthUsersWork(t *testing.T) {
 	}
 
 	// Working credentials: relay and consumer run, publish and process.
-	relayCmd := f.outboxCmd("", "relay", "--stream-prefix", f.streamPrefix())
+	relayCmd := f.OutboxCmd("", "relay", "--stream-prefix", f.StreamPrefix())
 	relayCmd.Env = env(pgURL.String(), rURL.String())
-	var relayOut syncBuffer
+	var relayOut relaytest.SyncBuffer
 	relayCmd.Stdout, relayCmd.Stderr = &relayOut, &relayOut
 	if err := relayCmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = relayCmd.Process.Kill() })
-	teds := f.settle(5)
+	teds := f.Settle(5)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
 	}, "relay with password credentials did not publish")
-	fraudCmd := f.outboxCmd("", "fraud", "--stream", f.stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1")
+	fraudCmd := f.OutboxCmd("", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1")
 	fraudCmd.Env = env(pgURL.String(), rURL.String())
-	var fraudOut syncBuffer
+	var fraudOut relaytest.SyncBuffer
 	fraudCmd.Stdout, fraudCmd.Stderr = &fraudOut, &fraudOut
 	if err := fraudCmd.Start(); err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func TestSecretsNeverLeakAndAuthUsersWork(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 5 }, "consumer with an ACL user did not process")
 	f.checkEffectsOnce(teds)
 
-	status := f.outboxCmd("", "status", "--json", "--stream", f.stream(), "--key-prefix", f.keyPrefix())
+	status := f.OutboxCmd("", "status", "--json", "--stream", f.Stream(), "--key-prefix", f.keyPrefix())
 	status.Env = env(pgURL.String(), rURL.String())
 	out, err := status.CombinedOutput()
 	if err != nil {
@@ -86,7 +87,7 @@ func TestSecretsNeverLeakAndAuthUsersWork(t *testing.T) {
 	badRedis := *rURL
 	badRedis.User = url.UserPassword(redisUser, redisPass+"-wrong")
 	for _, c := range []struct{ name, db, rd string }{{"bad postgres", badPG.String(), rURL.String()}, {"bad redis", pgURL.String(), badRedis.String()}} {
-		cmd := f.outboxCmd("", "status")
+		cmd := f.OutboxCmd("", "status")
 		cmd.Env = env(c.db, c.rd)
 		out, err := cmd.CombinedOutput()
 		if err == nil {
@@ -101,7 +102,7 @@ func TestSecretsNeverLeakAndAuthUsersWork(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		cmd  interface{ Signal(os.Signal) error }
-		out  *syncBuffer
+		out  *relaytest.SyncBuffer
 	}{{"relay log", relayCmd.Process, &relayOut}, {"fraud log", fraudCmd.Process, &fraudOut}} {
 		_ = c.cmd.Signal(syscall.SIGTERM)
 		time.Sleep(100 * time.Millisecond)

@@ -22,16 +22,16 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 	defer func() { _ = tp.Shutdown(t.Context()) }() // later tests get non-recording spans
 
 	f := newFixture(t)
-	ctx, root := tp.Tracer("test").Start(f.ctx, "http.request")
-	res, err := transfer.Settle(ctx, f.pool, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 10})
+	ctx, root := tp.Tracer("test").Start(f.Ctx, "http.request")
+	res, err := transfer.Settle(ctx, f.Pool, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 10})
 	root.End()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.newRelay(f.relayConfig("r1"), nil).DrainBatch(f.ctx); err != nil {
+	if _, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
-	f.run(f.consumer("c1", nil).Run)
+	f.Run(f.consumer("c1", nil).Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 1 }, "event not processed")
 
 	byName := map[string]tracetest.SpanStub{}

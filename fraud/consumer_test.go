@@ -17,7 +17,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
+func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.fraud.") }
 
 func publish(t *testing.T, rdb outboxtest.Redis, stream, from string, cents int64, at time.Time) uuid.UUID {
 	t.Helper()

@@ -15,7 +15,7 @@ import (
 	"github.com/tedbank/outbox/transfer/settled"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
+func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.transfer.") }
 
 func counts(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (transfers, events int) {
 	t.Helper()

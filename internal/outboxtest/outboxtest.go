@@ -61,7 +61,7 @@ func run(m *testing.M) int {
 			_ = os.RemoveAll(binDir)
 		}
 	}()
-	if examples {
+	if examplePrefix != "" {
 		cleanup, err := exampleEnv(ctx)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "outboxtest: set up the examples' database: %v\n", err)
@@ -72,18 +72,21 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// examples is set by MainWithExamples.
-var examples bool
-
-// ExamplePrefix starts every Redis key the runnable examples use; it is
-// removed after the run.
-const ExamplePrefix = "example."
+// examplePrefix is set by MainWithExamples: the runnable examples' Redis
+// keys, removed after the run.
+var examplePrefix string
 
 // MainWithExamples is Main for packages with runnable examples: they read
 // DATABASE_URL (a fresh migrated database) and REDIS_URL, as a service would,
-// and keep their Redis keys under ExamplePrefix.
-func MainWithExamples(m *testing.M) {
-	examples = true
+// and keep their Redis keys under redisPrefix (one per package: the
+// packages' test binaries run side by side on one Redis), which is removed
+// after the run.
+func MainWithExamples(m *testing.M, redisPrefix string) {
+	if redisPrefix == "" {
+		fmt.Fprintln(os.Stderr, "outboxtest: MainWithExamples needs a Redis key prefix")
+		os.Exit(2)
+	}
+	examplePrefix = redisPrefix
 	os.Exit(run(m))
 }
 
@@ -111,7 +114,7 @@ func exampleEnv(ctx context.Context) (cleanup func(), err error) {
 		}
 		rdb := redis.NewClient(opt)
 		defer rdb.Close()
-		iter := rdb.Scan(context.Background(), 0, ExamplePrefix+"*", 1000).Iterator()
+		iter := rdb.Scan(context.Background(), 0, examplePrefix+"*", 1000).Iterator()
 		for iter.Next(context.Background()) {
 			rdb.Del(context.Background(), iter.Val())
 		}

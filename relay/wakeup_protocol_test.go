@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 // The wake-up protocol's edge cases: each test below reproduces one way a
 // committed event could be left for the fallback poll (ten minutes in these
@@ -23,6 +23,7 @@ import (
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
@@ -35,38 +36,11 @@ const quick = 3 * time.Second
 // publishedQuickly settles one TED and fails unless its event is published
 // within quick.
 func (f *fixture) publishedQuickly(why string) {
-	f.t.Helper()
-	ted := f.settle(1)[0]
-	outboxtest.Eventually(f.t, quick, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
+	f.T.Helper()
+	ted := f.Settle(1)[0]
+	outboxtest.Eventually(f.T, quick, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
 	}, "a new event waited for the fallback poll: %s", why)
-}
-
-func (f *fixture) exec(sql string, args ...any) {
-	f.t.Helper()
-	if _, err := f.pool.Exec(f.ctx, sql, args...); err != nil {
-		f.t.Fatalf("%s: %v", sql, err)
-	}
-}
-
-// poolWith returns a pool on the fixture's database with extra run-time
-// parameters on every connection.
-func (f *fixture) poolWith(params map[string]string) *pgxpool.Pool {
-	f.t.Helper()
-	cfg, err := pgxpool.ParseConfig(f.dbURL)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test"
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	pool, err := pgxpool.NewWithConfig(f.ctx, cfg)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.t.Cleanup(pool.Close)
-	return pool
 }
 
 // Defect: the mark re-sent on its own after a failed claim had no deadline,
@@ -76,20 +50,20 @@ func (f *fixture) poolWith(params map[string]string) *pgxpool.Pool {
 // must stop.
 func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
 	f := newFixture(t)
-	f.exec(`CREATE FUNCTION test_hang_marks() RETURNS trigger LANGUAGE plpgsql AS $$
+	f.Exec(`CREATE FUNCTION test_hang_marks() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.status = 'published' THEN
 				PERFORM pg_advisory_xact_lock_shared(4242);
 			END IF;
 			RETURN NEW;
 		END $$`)
-	f.exec(`CREATE TRIGGER test_hang_marks BEFORE UPDATE ON outbox_messages
+	f.Exec(`CREATE TRIGGER test_hang_marks BEFORE UPDATE ON outbox_messages
 		FOR EACH ROW EXECUTE FUNCTION test_hang_marks()`)
-	holder, err := f.pool.Acquire(f.ctx)
+	holder, err := f.Pool.Acquire(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := holder.Exec(f.ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+	if _, err := holder.Exec(f.Ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -98,16 +72,16 @@ func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
 	})
 
 	// One row per batch: the first batch's mark rides with the second claim.
-	f.settle(3)
-	cfg := f.relayConfig("r1")
+	f.Settle(3)
+	cfg := f.RelayConfig("r1")
 	cfg.BatchSize = 1
-	r := f.newRelay(cfg, nil)
-	ctx, cancel := context.WithCancel(f.ctx)
+	r := f.NewRelay(cfg, nil)
+	ctx, cancel := context.WithCancel(f.Ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		return f.count(`SELECT count(*) FROM pg_stat_activity
+		return f.Count(`SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) > 0
 	}, "the relay's mark never waited on the lock")
 	cancel() // SIGTERM while the mark hangs
@@ -128,8 +102,8 @@ func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
 // after the flag went to 0, in the claim of the round trip that set it.
 func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
 	f := newFixture(t)
-	f.exec(`CREATE SEQUENCE test_fault_once`)
-	f.exec(`CREATE FUNCTION test_fail_busy_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+	f.Exec(`CREATE SEQUENCE test_fault_once`)
+	f.Exec(`CREATE FUNCTION test_fail_busy_claim() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.status = 'publishing' AND OLD.status = 'pending'
 			   AND (SELECT last_value FROM outbox_relay_idle) = 0 THEN
@@ -139,24 +113,24 @@ func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
 			END IF;
 			RETURN NEW;
 		END $$`)
-	f.exec(`CREATE TRIGGER test_fail_busy_claim BEFORE UPDATE ON outbox_messages
+	f.Exec(`CREATE TRIGGER test_fail_busy_claim BEFORE UPDATE ON outbox_messages
 		FOR EACH ROW EXECUTE FUNCTION test_fail_busy_claim()`)
 
 	// One row per batch: the second non-empty claim makes the third say
 	// busy; that one fails. The retry then finds the last row alone.
-	f.settle(3)
-	cfg := f.relayConfig("r1")
+	f.Settle(3)
+	cfg := f.RelayConfig("r1")
 	cfg.BatchSize = 1
-	r := f.newRelay(cfg, nil)
-	f.run(r.Run)
+	r := f.NewRelay(cfg, nil)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 3
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 3
 	}, "the backlog was not published")
 	var fired int
-	if err := f.pool.QueryRow(f.ctx, "SELECT last_value FROM test_fault_once").Scan(&fired); err != nil || fired < 1 {
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT last_value FROM test_fault_once").Scan(&fired); err != nil || fired < 1 {
 		t.Fatalf("the fault was never injected (%v): the test did not exercise the failed busy round trip", err)
 	}
-	outboxtest.Eventually(t, quick, func() bool { return f.idleFlag() == 1 }, "relay went to sleep with writers told it is busy")
+	outboxtest.Eventually(t, quick, func() bool { return f.IdleFlag() == 1 }, "relay went to sleep with writers told it is busy")
 	f.publishedQuickly("the relay slept after a failed busy round trip")
 }
 
@@ -205,15 +179,15 @@ func (p failFirstPipe) XAdd(ctx context.Context, a *redis.XAddArgs) *redis.Strin
 // failed event must still be retried at its backoff, not at the poll.
 func TestNotificationKeepsFailedEventsRetry(t *testing.T) {
 	f := newFixture(t)
-	rdb := &failFirstXAdd{Client: f.rdb.Client, stream: f.streamPrefix() + "account", failed: make(chan struct{})}
-	cfg := f.relayConfig("r1")
+	rdb := &failFirstXAdd{Client: f.Redis.Client, stream: f.StreamPrefix() + "account", failed: make(chan struct{})}
+	cfg := f.RelayConfig("r1")
 	cfg.BackoffBase, cfg.BackoffMax = time.Second, time.Second
-	r := f.newRelay(cfg, rdb)
-	f.run(r.Run)
+	r := f.NewRelay(cfg, rdb)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
 
-	err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
-		_, err := outbox.Write(f.ctx, tx, outbox.Message{AggregateType: "account", AggregateID: "a1", EventType: "x", Payload: []byte(`{}`)})
+	err := pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) error {
+		_, err := outbox.Write(f.Ctx, tx, outbox.Message{AggregateType: "account", AggregateID: "a1", EventType: "x", Payload: []byte(`{}`)})
 		return err
 	})
 	if err != nil {
@@ -225,11 +199,11 @@ func TestNotificationKeepsFailedEventsRetry(t *testing.T) {
 		t.Fatal("the event was never published")
 	}
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'account' AND attempts = 1 AND status = 'pending'") == 1
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'account' AND attempts = 1 AND status = 'pending'") == 1
 	}, "the first attempt did not fail")
 	f.publishedQuickly("another event, published between the failure and its retry")
 	outboxtest.Eventually(t, quick, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'account' AND status = 'published'") == 1
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'account' AND status = 'published'") == 1
 	}, "the failed event waited for the poll: a notification dropped its retry timer")
 }
 
@@ -243,34 +217,34 @@ func TestGracefulStopWakesPeersForWritersThatSawItBusy(t *testing.T) {
 	// A peer relay, asleep: its start-up drain tells writers to notify. Then
 	// the busy relay says busy again (the order of their words in production
 	// when one drains while the other sleeps).
-	b := f.newRelay(f.relayConfig("b"), nil)
-	f.run(b.Run)
+	b := f.NewRelay(f.RelayConfig("b"), nil)
+	f.Run(b.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return b.Stats().ListenUp }, "peer never LISTENed")
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "peer never went to sleep")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "peer never went to sleep")
 	time.Sleep(100 * time.Millisecond) // let the drain after its LISTEN end too
-	f.exec("SELECT outbox_relay_busy()")
+	f.Exec("SELECT outbox_relay_busy()")
 
 	// A writer sees "busy" (no NOTIFY) and is still in its transaction when
 	// the busy relay stops.
-	tx, err := f.pool.Begin(f.ctx)
+	tx, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(f.ctx) }()
+	defer func() { _ = tx.Rollback(f.Ctx) }()
 	ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
-	if _, err := transfer.SettleTx(f.ctx, tx, ted); err != nil {
+	if _, err := transfer.SettleTx(f.Ctx, tx, ted); err != nil {
 		t.Fatal(err)
 	}
 	stopped := make(chan struct{})
 	go func() { a.stop(); close(stopped) }()
 	held.release()
 	time.Sleep(100 * time.Millisecond)
-	if err := tx.Commit(f.ctx); err != nil {
+	if err := tx.Commit(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	<-stopped
 	outboxtest.Eventually(t, quick, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
 	}, "a row of a writer that saw the stopped relay busy waited for the peer's poll")
 }
 
@@ -279,20 +253,20 @@ func TestGracefulStopWakesPeersForWritersThatSawItBusy(t *testing.T) {
 // catch-up drain did not tell writers again that the relay sleeps.
 func TestListenReconnectReassertsSleep(t *testing.T) {
 	f := newFixture(t)
-	r := f.newRelay(f.relayConfig("r1"), nil)
-	f.run(r.Run)
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay never went to sleep")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay never went to sleep")
 	time.Sleep(50 * time.Millisecond)
 
-	f.exec("SELECT outbox_relay_busy()") // the flag's last change, undone by a crash
+	f.Exec("SELECT outbox_relay_busy()") // the flag's last change, undone by a crash
 	before := r.Stats().Notifications
-	f.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+	f.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name = 'outbox-test-listen'`)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return !r.Stats().ListenUp }, "LISTEN connection not lost")
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "LISTEN connection not back")
 	// Let the catch-up drain end: a row it claims would need no NOTIFY.
-	outboxtest.Eventually(t, quick, func() bool { return f.idleFlag() == 1 }, "the catch-up drain left writers silent")
+	outboxtest.Eventually(t, quick, func() bool { return f.IdleFlag() == 1 }, "the catch-up drain left writers silent")
 	time.Sleep(50 * time.Millisecond)
 	f.publishedQuickly("the relay's catch-up drain after reconnecting left the flag at busy")
 	if r.Stats().Notifications == before {
@@ -304,11 +278,11 @@ func TestListenReconnectReassertsSleep(t *testing.T) {
 // starting afterwards did not tell writers to notify again until its poll.
 func TestStartingRelayReassertsSleep(t *testing.T) {
 	f := newFixture(t)
-	f.exec("SELECT outbox_relay_busy()") // the killed relay's last word
-	r := f.newRelay(f.relayConfig("r1"), nil)
-	f.run(r.Run)
+	f.Exec("SELECT outbox_relay_busy()") // the killed relay's last word
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
-	outboxtest.Eventually(t, quick, func() bool { return f.idleFlag() == 1 }, "starting relay left writers silent")
+	outboxtest.Eventually(t, quick, func() bool { return f.IdleFlag() == 1 }, "starting relay left writers silent")
 	f.publishedQuickly("the starting relay left the flag at busy")
 }
 
@@ -336,8 +310,8 @@ func (h *hold) release() {
 // notification starts the drain, so no wake-up is left pending that would
 // make the relay drain once more after the hold (and hide a stranded row).
 func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
-	f.t.Helper()
-	cfg := f.relayConfig("busy")
+	f.T.Helper()
+	cfg := f.RelayConfig("busy")
 	cfg.BatchSize = 1
 	const held = 3
 	published := make(chan struct{}, 1)
@@ -349,31 +323,31 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 			<-h.proceed
 		}
 	}
-	r := f.newRelay(cfg, nil)
-	stop := f.run(r.Run)
-	f.t.Cleanup(h.release) // before stop runs
-	outboxtest.Eventually(f.t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
-	outboxtest.Eventually(f.t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay never went to sleep")
+	r := f.NewRelay(cfg, nil)
+	stop := f.Run(r.Run)
+	f.T.Cleanup(h.release) // before stop runs
+	outboxtest.Eventually(f.T, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	outboxtest.Eventually(f.T, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay never went to sleep")
 	time.Sleep(100 * time.Millisecond) // let the wake-up after LISTEN finish
-	err := pgx.BeginFunc(f.ctx, f.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) error {
 		for i := range held {
 			ted := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("busy-%d", i), ToAccount: "b", AmountCents: 1}
-			if _, err := transfer.SettleTx(f.ctx, tx, ted); err != nil {
+			if _, err := transfer.SettleTx(f.Ctx, tx, ted); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		f.t.Fatal(err)
+		f.T.Fatal(err)
 	}
 	select {
 	case <-published:
 	case <-time.After(5 * time.Second):
-		f.t.Fatalf("batch %d never published", held)
+		f.T.Fatalf("batch %d never published", held)
 	}
-	if got := f.idleFlag(); got != 0 {
-		f.t.Fatalf("idle flag %d while the relay drains, want 0", got)
+	if got := f.IdleFlag(); got != 0 {
+		f.T.Fatalf("idle flag %d while the relay drains, want 0", got)
 	}
 	return busyRelay{r: r, stop: stop}, h
 }
@@ -383,7 +357,7 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 // when the database and its LISTEN connection are back.
 func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 	f := newFixture(t)
-	pgCfg, err := pgxpool.ParseConfig(f.dbURL)
+	pgCfg, err := pgxpool.ParseConfig(f.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,35 +366,35 @@ func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	viaProxy(&pgCfg.ConnConfig.Config, proxy)
+	relaytest.ViaProxy(&pgCfg.ConnConfig.Config, proxy)
 	pgCfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test-proxied"
-	pool, err := pgxpool.NewWithConfig(f.ctx, pgCfg)
+	pool, err := pgxpool.NewWithConfig(f.Ctx, pgCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 
-	var logs syncBuffer
-	cfg := f.relayConfig("r1")
+	var logs relaytest.SyncBuffer
+	cfg := f.RelayConfig("r1")
 	cfg.PollInterval = 200 * time.Millisecond // a drain attempt at every poll, were there no backoff
 	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r := f.newRelayWithPool(pool, cfg)
-	f.run(r.Run)
+	r := f.NewRelayWithPool(pool, cfg)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
 
 	proxy.Down()
 	// (A URL without sslmode gets a plain-text fallback that viaProxy must
 	// point at the proxy too: this test failed now and then until it did.)
-	if c, err := pgx.ConnectConfig(f.ctx, pgCfg.ConnConfig); err == nil {
-		_ = c.Close(f.ctx)
+	if c, err := pgx.ConnectConfig(f.Ctx, pgCfg.ConnConfig); err == nil {
+		_ = c.Close(f.Ctx)
 		t.Fatal("a new connection reached the database while the proxy is down")
 	}
 	const outage = 4 * time.Second
 	time.Sleep(outage)
-	ted := f.settle(1)[0] // committed during the outage (the test's pool is not proxied)
+	ted := f.Settle(1)[0] // committed during the outage (the test's pool is not proxied)
 	proxy.Up()
 	outboxtest.Eventually(t, 2*drainRetryMaxForTest, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
 	}, "event committed during the outage not published after it")
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "LISTEN connection not back")
 
@@ -464,7 +438,7 @@ const drainRetryMaxForTest = 5 * time.Second
 // 52,000 lines in one benchmark).
 func TestRelayRoundTripsRaiseNoNotices(t *testing.T) {
 	f := newFixture(t)
-	cfg, err := pgxpool.ParseConfig(f.dbURL)
+	cfg, err := pgxpool.ParseConfig(f.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,21 +448,21 @@ func TestRelayRoundTripsRaiseNoNotices(t *testing.T) {
 		notices.Add(1)
 		last.Store(n.Severity + ": " + n.Message)
 	}
-	pool, err := pgxpool.NewWithConfig(f.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(f.Ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	rcfg := f.relayConfig("quiet")
+	rcfg := f.RelayConfig("quiet")
 	rcfg.BatchSize = 2 // several claims, marks, a busy and a sleep
-	r, err := relay.New(pool, f.rdb.Client, rcfg)
+	r, err := relay.New(pool, f.Redis.Client, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := f.run(r.Run)
-	f.settle(10)
+	stop := f.Run(r.Run)
+	f.Settle(10)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10
 	}, "not published")
 	stop()
 	if n := notices.Load(); n != 0 {

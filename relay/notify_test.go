@@ -1,7 +1,6 @@
-package outbox_test
+package relay_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -35,7 +34,7 @@ func testWriterThatSawRelayBusy(t *testing.T, open time.Duration) {
 func testWriterThatSawRelayBusyIn(t *testing.T, open time.Duration, params map[string]string) {
 	f := newFixture(t)
 	if params != nil {
-		f.pool = f.poolWith(params)
+		f.Pool = f.PoolWith(params)
 	}
 	busy, held := f.heldBusyRelay()
 	r := busy.r
@@ -45,13 +44,13 @@ func testWriterThatSawRelayBusyIn(t *testing.T, open time.Duration, params map[s
 	// A writer inserts (the trigger reads the flag), sees "busy", does not
 	// notify, and commits only after the relay has tried to go back to
 	// sleep: the relay must not sleep until the writer's row is claimed.
-	tx, err := f.pool.Begin(f.ctx)
+	tx, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(f.ctx) }()
+	defer func() { _ = tx.Rollback(f.Ctx) }()
 	ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
-	if _, err := transfer.SettleTx(f.ctx, tx, ted); err != nil {
+	if _, err := transfer.SettleTx(f.Ctx, tx, ted); err != nil {
 		t.Fatal(err)
 	}
 	held.release()
@@ -61,30 +60,30 @@ func testWriterThatSawRelayBusyIn(t *testing.T, open time.Duration, params map[s
 		// Commit exactly while the relay waits for the writers that saw it
 		// busy (outbox_relay_sleep's lock wait, 20 ms at most).
 		outboxtest.Eventually(t, 5*time.Second, func() bool {
-			return f.count(`SELECT count(*) FROM pg_stat_activity
+			return f.Count(`SELECT count(*) FROM pg_stat_activity
 				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'
 				  AND query LIKE '%outbox_relay_sleep%'`) > 0
 		}, "the relay never waited for the writer")
 	}
-	if err := tx.Commit(f.ctx); err != nil {
+	if err := tx.Commit(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1 AND status = 'published'", ted.ID.String()) == 1
 	}, "a row committed by a writer that saw the relay busy waited for the fallback poll")
 	if st := r.Stats(); st.Notifications != notified || st.Polls != 0 {
 		t.Fatalf("stats %+v: want no notification after %d (the writer saw the relay busy) and no poll", st, notified)
 	}
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay did not go back to sleep")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay did not go back to sleep")
 }
 
 // Under a steady trickle, writers stop notifying once the relay is busy, and
 // every event is still published without the fallback poll.
 func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 	f := newFixture(t)
-	r := f.newRelay(f.relayConfig("r1"), nil)
-	f.run(r.Run)
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
 
 	const writers, each = 4, 100
@@ -93,7 +92,7 @@ func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 		go func() {
 			for i := range each {
 				ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: int64(w*each + i + 1)}
-				if _, err := transfer.Settle(f.ctx, f.pool, ted); err != nil {
+				if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
 					errs <- err
 					return
 				}
@@ -107,41 +106,41 @@ func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 		}
 	}
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == writers*each
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == writers*each
 	}, "events not all published without the fallback poll")
 	st := r.Stats()
 	if st.Polls != 0 {
 		t.Fatalf("stats %+v: the fallback poll ran", st)
 	}
 	t.Logf("%d events, %d notifications", writers*each, st.Notifications)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "relay did not go back to sleep")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay did not go back to sleep")
 }
 
 // A relay that died while draining leaves writers silent; the next fallback
 // poll of any relay tells them to notify again.
 func TestPollReassertsSleepAfterARelayDiedBusy(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.relayConfig("r1")
+	cfg := f.RelayConfig("r1")
 	cfg.PollInterval = 100 * time.Millisecond
-	r := f.newRelay(cfg, nil)
-	f.run(r.Run)
+	r := f.NewRelay(cfg, nil)
+	f.Run(r.Run)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().Polls > 0 }, "relay never polled")
-	if _, err := f.pool.Exec(f.ctx, "SELECT outbox_relay_busy()"); err != nil { // the dead relay's last word
+	if _, err := f.Pool.Exec(f.Ctx, "SELECT outbox_relay_busy()"); err != nil { // the dead relay's last word
 		t.Fatal(err)
 	}
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.idleFlag() == 1 }, "the poll did not tell writers to notify again")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "the poll did not tell writers to notify again")
 }
 
 func TestNotifyModeSwitches(t *testing.T) {
 	f := newFixture(t)
 	mode := func(m string) (string, error) {
 		var prev string
-		err := f.pool.QueryRow(f.ctx, "SELECT outbox_notify_mode($1)", m).Scan(&prev)
+		err := f.Pool.QueryRow(f.Ctx, "SELECT outbox_notify_mode($1)", m).Scan(&prev)
 		return prev, err
 	}
 	triggers := func() string {
 		var s string
-		if err := f.pool.QueryRow(f.ctx, `SELECT coalesce(string_agg(p.proname, ','), '')
+		if err := f.Pool.QueryRow(f.Ctx, `SELECT coalesce(string_agg(p.proname, ','), '')
 			FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
 			WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
 			t.Fatal(err)
@@ -170,30 +169,19 @@ func TestNotifyModeSwitches(t *testing.T) {
 	}
 }
 
-func (f *fixture) idleFlag() int {
-	f.t.Helper()
-	var v int
-	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
-	defer cancel()
-	if err := f.pool.QueryRow(ctx, "SELECT last_value FROM outbox_relay_idle").Scan(&v); err != nil {
-		f.t.Fatal(err)
-	}
-	return v
-}
-
 // outbox_relay_sleep never leaves its lock behind, whether it got it or timed
 // out waiting for a writer that saw the relay busy: a leaked lock would stall
 // every writer that reads the flag as 0.
 func TestRelaySleepLeavesNoLockBehind(t *testing.T) {
 	f := newFixture(t)
-	conn, err := f.pool.Acquire(f.ctx)
+	conn, err := f.Pool.Acquire(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
 	held := func() int {
 		var n int
-		if err := conn.QueryRow(f.ctx, `SELECT count(*) FROM pg_locks
+		if err := conn.QueryRow(f.Ctx, `SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +189,7 @@ func TestRelaySleepLeavesNoLockBehind(t *testing.T) {
 	}
 	sleep := func() bool {
 		var ok bool
-		if err := conn.QueryRow(f.ctx, "SELECT outbox_relay_sleep()").Scan(&ok); err != nil {
+		if err := conn.QueryRow(f.Ctx, "SELECT outbox_relay_sleep()").Scan(&ok); err != nil {
 			t.Fatal(err)
 		}
 		return ok
@@ -211,18 +199,18 @@ func TestRelaySleepLeavesNoLockBehind(t *testing.T) {
 	}
 
 	// A writer that read the flag as 0 holds the shared lock.
-	writer, err := f.pool.Begin(f.ctx)
+	writer, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = writer.Rollback(f.ctx) }()
-	if _, err := writer.Exec(f.ctx, "SELECT pg_advisory_xact_lock_shared(1869903214, 1)"); err != nil {
+	defer func() { _ = writer.Rollback(f.Ctx) }()
+	if _, err := writer.Exec(f.Ctx, "SELECT pg_advisory_xact_lock_shared(1869903214, 1)"); err != nil {
 		t.Fatal(err)
 	}
 	if sleep() || held() != 0 {
 		t.Fatal("sleep with a writer in flight: want false and no lock held afterwards")
 	}
-	if err := writer.Commit(f.ctx); err != nil {
+	if err := writer.Commit(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	if !sleep() || held() != 0 {

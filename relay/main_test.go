@@ -1,0 +1,20 @@
+package relay_test
+
+import (
+	"testing"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+)
+
+// The relay's specifications, on a real PostgreSQL and a real Redis
+// (internal/outboxtest finds or starts them). make test runs them twice:
+// with row claims and, OUTBOX_RELAY_OWNERSHIP=partitions, with partition
+// leases; the tests of one ownership set it themselves. End-to-end tests
+// with anti-fraud and the outbox binary are at the module root.
+func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.relay.") }
+
+// fixture is one test's database, Redis key prefix and helpers.
+type fixture struct{ *relaytest.Fixture }
+
+func newFixture(t *testing.T) *fixture { return &fixture{relaytest.New(t)} }

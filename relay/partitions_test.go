@@ -1,0 +1,220 @@
+package relay_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// The slot SQL computes for a key is the one the relay computes in Go
+// (partition.Of): the relay fences each row's mark with its slot's token.
+func TestRelaySlotMatchesPartitionOf(t *testing.T) {
+	f := newFixture(t)
+	for i := range 2000 {
+		key := fmt.Sprintf("acct-%d", i*7919)
+		for _, n := range []int{1, 16, 1024} {
+			var got int
+			if err := f.Pool.QueryRow(f.Ctx, "SELECT outbox_relay_slot($1, $2)", key, n).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if want := partition.Of(key, n); got != want {
+				t.Fatalf("outbox_relay_slot(%q, %d) = %d, partition.Of = %d", key, n, got, want)
+			}
+		}
+	}
+}
+
+// Relays divide the slots among themselves, a joining relay gets its share,
+// and a relay that stops gives its slots back at once (not after the lease).
+func TestPartitionLeasesRebalance(t *testing.T) {
+	f := newFixture(t)
+	cfgA := f.PartitionRelayConfig("a")
+	cfgA.Lease = time.Hour // only a renewal moves a slot: nothing expires
+	stopA := f.Run(f.NewRelay(cfgA, nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 1 && h.Total() == 16
+	}, "relay a did not take every slot: %v", f.LeaseHolders)
+
+	cfgB := f.PartitionRelayConfig("b")
+	cfgB.Lease = time.Hour
+	f.Run(f.NewRelay(cfgB, nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 2 && h.Total() == 16 && h.Each(8)
+	}, "the slots were not split 8 and 8")
+
+	// outbox status shows who holds the slots.
+	out, err := f.OutboxCmd("", "status", "--json").Output()
+	if err != nil {
+		t.Fatalf("outbox status: %v", err)
+	}
+	var st struct {
+		RelaySlots     map[string]int `json:"relay_slots"`
+		RelaySlotsFree int            `json:"relay_slots_free"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.RelaySlots["a"] != 8 || st.RelaySlots["b"] != 8 || st.RelaySlotsFree != 0 {
+		t.Fatalf("outbox status: %+v (%v), want a 8, b 8, free 0\n%s", st, err, out)
+	}
+
+	stopA()
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 1 && h.Total() == 16
+	}, "relay b did not take relay a's slots after a stopped")
+	var members int
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT count(*) FROM outbox_relay_members").Scan(&members); err != nil || members != 1 {
+		t.Fatalf("%d members after a stopped (err %v), want 1", members, err)
+	}
+}
+
+// Events of one partition key reach the stream in the order they were
+// written, with four relays leasing partitions, random publish failures
+// and retries (the read's anti-join and one event per key per batch).
+func TestPartitionOwnersKeepOrderThroughFailures(t *testing.T) {
+	f := newFixture(t)
+	const keys, perKey = 40, 20
+	flaky := &relaytest.FlakyRedis{Client: f.Redis.Client, FailRate: 0.3}
+	for i := range 4 {
+		cfg := f.PartitionRelayConfig(fmt.Sprintf("r%d", i))
+		cfg.BatchSize = 7
+		cfg.PollInterval = 5 * time.Millisecond
+		cfg.BackoffBase, cfg.BackoffMax, cfg.MaxAttempts = time.Millisecond, 20*time.Millisecond, 1000
+		f.Run(f.NewRelay(cfg, flaky).Run)
+	}
+	outboxtest.Eventually(t, 20*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 4 && h.Each(4)
+	}, "the four relays did not share the slots")
+	f.WriteInterleaved(keys, perKey)
+	outboxtest.Eventually(t, 60*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == keys*perKey
+	}, "not every event was published")
+	if n := f.Count("SELECT count(*) FROM outbox_messages WHERE attempts > 0"); n == 0 {
+		t.Fatal("no publish failed; the test did not exercise retries")
+	}
+	if n := f.Count("SELECT count(*) FROM outbox_messages WHERE claim_token IS NOT NULL OR status = 'publishing'"); n != 0 {
+		t.Fatalf("%d rows were claimed: partition owners must not claim rows", n)
+	}
+	f.CheckInterleavedOrder(keys, perKey)
+}
+
+// A relay restarted under the name of one that was killed takes its slots
+// back at once (with new tokens), without waiting for the leases.
+func TestRestartedPartitionOwnerTakesItsSlotsBack(t *testing.T) {
+	f := newFixture(t)
+	cmd := f.OutboxCmd("relay.after-claim", "relay", "--name", "r1", "--stream-prefix", f.StreamPrefix(),
+		"--ownership", "partitions", "--lease", "1h")
+	f.Settle(3)
+	f.RunUntilKilled(cmd) // read its rows, then died holding every slot for an hour
+	var before []string
+	rows, err := f.Pool.Query(f.Ctx, "SELECT token::text FROM outbox_relay_partitions WHERE owner = 'r1' AND lease_until > now() ORDER BY slot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(before) != 16 {
+		t.Fatalf("the killed relay holds %d slots (err %v), want 16", len(before), err)
+	}
+
+	cfg := f.PartitionRelayConfig("r1")
+	cfg.Lease = time.Hour
+	f.Run(f.NewRelay(cfg, nil).Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 3
+	}, "the restarted relay did not publish its predecessor's slots")
+	if n := f.Count("SELECT count(*) FROM outbox_relay_partitions WHERE token::text = ANY($1)", before); n != 0 {
+		t.Fatalf("%d slots kept the killed process's token, want new tokens", n)
+	}
+}
+
+// Writers stop notifying while any relay is busy, but a relay that owns
+// partitions drains only its own slots: while busy it wakes the others at
+// every batch, and once more when it says "sleep". Relay a drains a stream
+// of commits in its own slots (busy: writers silent) while relay b sleeps;
+// TEDs committed meanwhile in b's slots are published without waiting for
+// b's poll (ten minutes).
+func TestBusyPartitionOwnerWakesTheOthers(t *testing.T) {
+	f := newFixture(t)
+	var logs relaytest.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	for _, name := range []string{"a", "b"} {
+		cfg := f.PartitionRelayConfig(name)
+		cfg.Logger = log.With("relay", name)
+		f.Run(f.NewRelay(cfg, nil).Run)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 2 && h.Each(8)
+	}, "the two relays did not share the slots")
+	slotsOf := func(owner string) map[int]bool {
+		rows, err := f.Pool.Query(f.Ctx, "SELECT slot FROM outbox_relay_partitions WHERE owner = $1", owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[int]bool{}
+		for _, s := range slots {
+			m[int(s)] = true
+		}
+		return m
+	}
+	// Senders whose TEDs fall in a's slots, and in b's.
+	var sendersA, sendersB []string
+	ofA, ofB := slotsOf("a"), slotsOf("b")
+	for i := 0; len(sendersA) < 50 || len(sendersB) < 20; i++ {
+		key := fmt.Sprintf("acct-%d", i)
+		switch slot := partition.Of(key, 16); {
+		case ofA[slot] && len(sendersA) < 50:
+			sendersA = append(sendersA, key)
+		case ofB[slot] && len(sendersB) < 20:
+			sendersB = append(sendersB, key)
+		}
+	}
+	settle := func(from string) {
+		ted := transfer.Transfer{ID: uuid.New(), FromAccount: from, ToAccount: "acct-x", AmountCents: 100}
+		if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// Eight writers keep relay a busy until the end of the test.
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	defer func() { close(stop); wg.Wait() }()
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				settle(sendersA[i%len(sendersA)])
+			}
+		})
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return bytes.Contains(logs.Bytes(), []byte("state=busy relay=a")) || bytes.Contains(logs.Bytes(), []byte("relay=a state=busy"))
+	}, "relay a never told writers it was busy")
+	for _, from := range sendersB {
+		settle(from)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE partition_key = ANY($1) AND status = 'published'", sendersB) == len(sendersB)
+	}, "TEDs committed in b's slots while a was busy waited for b's poll (ten minutes)")
+}

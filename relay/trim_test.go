@@ -1,0 +1,21 @@
+package relay_test
+
+import (
+	"testing"
+)
+
+// A stream nobody has created a group on yet is not trimmed: its consumers
+// may simply not have started.
+func TestTrimmingLeavesStreamsWithoutGroups(t *testing.T) {
+	f := newFixture(t)
+	f.Settle(30)
+	cfg := f.RelayConfig("r1")
+	cfg.StreamMaxLen = 5
+	r := f.NewRelay(cfg, nil)
+	if _, err := r.DrainBatch(f.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream()); err != nil || n != 0 {
+		t.Fatalf("trimmed %d (err %v) from a stream with no consumer group", n, err)
+	}
+}
