@@ -131,13 +131,13 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 		c, err := fraud.New(cc, fraud.Config{
 			Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, MinReplicas: minReplicas,
 			Block: 100 * time.Millisecond, PartitionLease: 2 * time.Second,
-			OnProcessed: func(ev fraud.Event, outcome string) {
-				if outcome != "duplicate" {
+			Observer: fraud.ObserverFunc(func(ev fraud.Event, o fraud.Outcome) {
+				if o != fraud.OutcomeDuplicate {
 					mu.Lock()
 					applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.TransferID.String())
 					mu.Unlock()
 				}
-			},
+			}),
 		})
 		if err != nil {
 			t.Fatal(err)

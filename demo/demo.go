@@ -157,11 +157,11 @@ func (d *demo) setUp(ctx context.Context) error {
 		Stream: d.StreamPrefix + transfer.AggregateType, KeyPrefix: d.KeyPrefix, Consumer: "demo-fraud",
 		Partitions: d.Partitions, PartitionLease: 2 * time.Second,
 		Block: 200 * time.Millisecond, ClaimInterval: time.Second, Logger: d.Logger,
-		OnProcessed: func(ev fraud.Event, outcome string) {
-			if outcome != "duplicate" {
-				d.tl.mark(ev.EventID, stepVerdict, outcome)
+		Observer: fraud.ObserverFunc(func(ev fraud.Event, o fraud.Outcome) {
+			if o != fraud.OutcomeDuplicate {
+				d.tl.mark(ev.EventID, stepVerdict, o.String())
 			}
-		},
+		}),
 	})
 	if err != nil {
 		return err
@@ -280,9 +280,11 @@ type runningRelay struct {
 func (d *demo) startRelay(name string, lease time.Duration) (*runningRelay, error) {
 	rl, err := relay.New(d.Pool, d.viaProxy, relay.Config{
 		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8, Partitions: d.Partitions,
-		Logger:    d.Logger,
-		OnClaim:   func(ids []uuid.UUID) { d.tl.markAll(ids, stepClaimed) },
-		OnPublish: func(ids []uuid.UUID) { d.tl.markAll(ids, stepPublished) },
+		Logger: d.Logger,
+		Observer: relay.Hooks{
+			OnClaim:   func(ids []uuid.UUID) { d.tl.markAll(ids, stepClaimed) },
+			OnPublish: func(ids []uuid.UUID) { d.tl.markAll(ids, stepPublished) },
+		},
 	})
 	if err != nil {
 		return nil, err

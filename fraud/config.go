@@ -100,12 +100,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, records the consumer's Prometheus metrics.
 	Metrics *Metrics
-	// OnProcessed, when set, is called for every delivery of a valid event
-	// once its effect is applied (outcome "approve" or "review") or skipped
-	// (outcome "duplicate"), before the XACK. It runs on the goroutine of the
-	// event's partition: with several partitions, concurrently, so it must
-	// be safe for that; keep it fast.
-	OnProcessed func(ev Event, outcome string)
+	// Observer, when set, is told of every delivery of a valid event once
+	// its effect is applied or skipped (observer.go).
+	Observer Observer
 }
 
 func (c Config) withDefaults() Config {

@@ -65,7 +65,7 @@ func BenchmarkEffectScript(b *testing.B) {
 					b.Fatal(err)
 				}
 				for _, cmd := range cmds {
-					if out, err := cmd.Int(); err != nil || (out == outcomeDuplicate) != wantDup {
+					if out, err := cmd.Int(); err != nil || (Outcome(out) == OutcomeDuplicate) != wantDup {
 						b.Fatalf("outcome %d, err %v", out, err)
 					}
 				}

@@ -17,15 +17,6 @@ var (
 	effectScript = redis.NewScript(effectSrc)
 )
 
-// Outcome of one entry.
-const (
-	outcomeDuplicate = 0
-	outcomeApprove   = 1
-	outcomeReview    = 2
-)
-
-var outcomeNames = map[int]string{outcomeDuplicate: "duplicate", outcomeApprove: "approve", outcomeReview: "review"}
-
 func (c *Consumer) effectKeys(f feed, ev Event) []string {
 	day, _ := Day(ev.SettledAt)
 	k := f.keys
@@ -72,7 +63,7 @@ func (c *Consumer) effectArgs(f feed, ev Event) []any {
 
 // effectResult reads effect.lua's reply: the outcome, and how many later
 // transfers of the sender it sent to review.
-func effectResult(cmd *redis.Cmd) (outcome int, revised int64, err error) {
+func effectResult(cmd *redis.Cmd) (outcome Outcome, revised int64, err error) {
 	vals, err := cmd.Int64Slice()
 	if err != nil {
 		return 0, 0, err
@@ -80,7 +71,7 @@ func effectResult(cmd *redis.Cmd) (outcome int, revised int64, err error) {
 	if len(vals) != 2 {
 		return 0, 0, fmt.Errorf("effect script replied %v, want {outcome, revised}", vals)
 	}
-	return int(vals[0]), vals[1], nil
+	return Outcome(vals[0]), vals[1], nil
 }
 
 // errFenced: the effect script refused an effect because the partition's

@@ -176,7 +176,7 @@ func (c *Consumer) settle(ctx context.Context, it item, attempt func(id string) 
 		if redis.HasErrorPrefix(err, "FENCED") {
 			err = fmt.Errorf("%w: %w", errFenced, err)
 		}
-		if cc, ok := c.rdb.(*redis.ClusterClient); ok && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+		if cc, ok := c.rdb.(*redis.ClusterClient); ok && movedSlot(err) {
 			cc.ReloadState(ctx) // the slot moved under the master's own connection
 		}
 		return fmt.Errorf("apply event %s (entry %s): %w", it.ev.EventID, it.msg.ID, err)
@@ -185,21 +185,21 @@ func (c *Consumer) settle(ctx context.Context, it item, attempt func(id string) 
 		slog.String("event_type", "transfer.settled"),
 		slog.String("aggregate_id", it.ev.TransferID.String()),
 		slog.Int64("attempt", attempt(it.msg.ID)))
-	it.span.SetAttributes(attribute.String("fraud.outcome", outcomeNames[outcome]))
+	it.span.SetAttributes(attribute.String("fraud.outcome", outcome.String()))
 	it.span.End()
-	c.cfg.Metrics.outcome(outcomeNames[outcome])
-	if c.cfg.OnProcessed != nil {
-		c.cfg.OnProcessed(it.ev, outcomeNames[outcome])
+	c.cfg.Metrics.outcome(outcome)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.Processed(it.ev, outcome)
 	}
 	if revised > 0 {
 		log.Info("earlier transfer arrived late: later transfers of its sender sent to review",
 			slog.Int64("revised", revised), slog.String("from_account", it.ev.FromAccount))
 	}
 	switch outcome {
-	case outcomeDuplicate:
+	case OutcomeDuplicate:
 		c.stats.duplicates.Add(1)
 		log.Debug("duplicate delivery skipped", slog.String("entry_id", it.msg.ID))
-	case outcomeReview:
+	case OutcomeReview:
 		c.stats.processed.Add(1)
 		log.Info("transfer sent to review", slog.Int64("amount_cents", it.ev.AmountCents),
 			slog.String("from_account", it.ev.FromAccount))
@@ -228,4 +228,12 @@ func (c *Consumer) pipelinerFor(ctx context.Context, f feed) (pipeliner, error) 
 		return nil, fmt.Errorf("find the master of partition %d: %w", f.n, err)
 	}
 	return node, nil
+}
+
+// movedSlot: a Redis Cluster redirection (MOVED, ASK) reached the consumer
+// on a connection to one master.
+func movedSlot(err error) bool {
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	return moved || ask
 }

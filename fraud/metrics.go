@@ -40,15 +40,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) outcome(name string) {
+func (m *Metrics) outcome(o Outcome) {
 	if m == nil {
 		return
 	}
-	if name == "duplicate" {
+	if o == OutcomeDuplicate {
 		m.duplicates.Inc()
 		return
 	}
-	m.processed.WithLabelValues(name).Inc()
+	m.processed.WithLabelValues(o.String()).Inc()
 }
 
 // failedEntry and deadLetter do nothing on a nil *Metrics, as every

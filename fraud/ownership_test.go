@@ -35,8 +35,8 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 			Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: name, Partitions: parts,
 			Block: 50 * time.Millisecond, PartitionLease: 400 * time.Millisecond,
 			WindowLimitCents: 1 << 60, AmountLimitCents: 1 << 60, AuditLen: 10_000,
-			OnProcessed: func(ev Event, outcome string) {
-				if outcome == "duplicate" {
+			Observer: ObserverFunc(func(ev Event, o Outcome) {
+				if o == OutcomeDuplicate {
 					return
 				}
 				mu.Lock()
@@ -45,7 +45,7 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 				ids[ev.FromAccount] = append(ids[ev.FromAccount], ev.TransferID.String())
 				p := partition.Of(ev.FromAccount, parts)
 				by[p] = append(by[p], name)
-			},
+			}),
 		})
 		if err != nil {
 			t.Fatal(err)

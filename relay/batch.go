@@ -160,8 +160,8 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	}
 	defer func() { r.cfg.Metrics.batch(res, time.Since(started)) }()
 	r.stats.claimed.Add(int64(len(msgs)))
-	if r.cfg.OnClaim != nil {
-		r.cfg.OnClaim(messageIDs(msgs))
+	if r.cfg.Observer != nil {
+		r.cfg.Observer.Claimed(messageIDs(msgs))
 	}
 	failpoint.Inject("relay.after-claim")
 
@@ -179,8 +179,8 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	}
 
 	out := r.sortOutcome(&res, token, sent{msgs, streams, ids, errs, rowLeases})
-	if r.cfg.OnPublish != nil && len(out.ok.ids) > 0 {
-		r.cfg.OnPublish(out.ok.ids)
+	if r.cfg.Observer != nil && len(out.ok.ids) > 0 {
+		r.cfg.Observer.Published(out.ok.ids)
 	}
 	next, err := r.record(ctx, &res, &out, deferMark)
 	r.stats.failed.Add(int64(res.Failed))

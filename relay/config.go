@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox/partition"
@@ -138,12 +137,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, records the relay's Prometheus metrics.
 	Metrics *Metrics
-	// OnClaim and OnPublish, when set, are called with the event ids of each
-	// batch right after it is claimed and right after its XADDs succeed
-	// (before the mark). They run on the relay's goroutine: keep them fast.
-	// The demo draws its timelines with them.
-	OnClaim   func(ids []uuid.UUID)
-	OnPublish func(ids []uuid.UUID)
+	// Observer, when set, is told the event ids of each batch claimed and
+	// published (observer.go).
+	Observer Observer
 }
 
 func (c Config) withDefaults() Config {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -39,6 +38,8 @@ func pipelineDown(errs []error, streams []string) bool {
 // cannot take writes right now (down, unreachable, out of memory, read-only,
 // loading), as opposed to a problem with one event. Such failures do not count
 // against the event's attempts: the relay backs off and retries the batch.
+// Errors are classified by type (go-redis's typed checks, net.Error), never
+// by their text.
 func brokerUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -48,25 +49,23 @@ func brokerUnavailable(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return true
-	}
-	var opErr *net.OpError
-	if errors.As(err, &opErr) {
-		return true
-	}
-	if movedSlot(err) {
-		return true
-	}
-	for _, prefix := range []string{"OOM", "LOADING", "READONLY", "MASTERDOWN", "BUSY", "TRYAGAIN",
-		"CLUSTERDOWN", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"} {
-		if redis.HasErrorPrefix(err, prefix) {
-			return true
-		}
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "max number of clients")
+	var netErr net.Error // unreachable, refused, reset, timed out
+	return errors.As(err, &netErr) || movedSlot(err) || redisRefusesWrites(err)
+}
+
+// redisRefusesWrites reports whether Redis answered with an error that is
+// about the server, not the event: out of memory, loading, a read-only
+// replica, its master down, a cluster down or resharding, too few replicas,
+// too many clients, the relay's credentials or ACL, a script running past
+// its time limit (BUSY) or a failed snapshot that stops writes (MISCONF; the
+// last two have no typed check in go-redis: their RESP error code is the
+// type).
+func redisRefusesWrites(err error) bool {
+	return redis.IsOOMError(err) || redis.IsLoadingError(err) || redis.IsReadOnlyError(err) ||
+		redis.IsMasterDownError(err) || redis.IsClusterDownError(err) || redis.IsTryAgainError(err) ||
+		redis.IsNoReplicasError(err) || redis.IsMaxClientsError(err) ||
+		redis.IsAuthError(err) || redis.IsPermissionError(err) ||
+		redis.HasErrorPrefix(err, "BUSY") || redis.HasErrorPrefix(err, "MISCONF")
 }
 
 // movedSlot reports whether err is a Redis Cluster redirection (MOVED, ASK):
@@ -75,5 +74,7 @@ func brokerUnavailable(err error) bool {
 // MinReplicas on a cluster) reports them, and the entry is retried once the
 // client has reloaded the slot map.
 func movedSlot(err error) bool {
-	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	return moved || ask
 }

@@ -317,12 +317,12 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 	published := make(chan struct{}, 1)
 	h := &hold{proceed: make(chan struct{})}
 	calls := 0
-	cfg.OnPublish = func([]uuid.UUID) {
+	cfg.Observer = relay.Hooks{OnPublish: func([]uuid.UUID) {
 		if calls++; calls == held {
 			published <- struct{}{}
 			<-h.proceed
 		}
-	}
+	}}
 	r := f.NewRelay(cfg, nil)
 	stop := f.Run(r.Run)
 	f.T.Cleanup(h.release) // before stop runs

@@ -53,14 +53,14 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	}
 	f.consumer, err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
 		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
-		OnProcessed: func(ev fraud.Event, outcome string) {
+		Observer: fraud.ObserverFunc(func(ev fraud.Event, _ fraud.Outcome) {
 			now := time.Now()
 			f.mu.Lock()
 			if _, seen := f.judged[ev.EventID]; !seen {
 				f.judged[ev.EventID] = now
 			}
 			f.mu.Unlock()
-		}})
+		})})
 	if err != nil {
 		return nil, err
 	}
