@@ -172,8 +172,8 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		b        pgx.Batch
 		inserted []Written
 	)
-	b.Queue(outboxsql.Query("outbox_lock_partitions"), lockSlots(aggTypes, aggIDs, parts))
-	b.Queue(outboxsql.Query("outbox_insert"), ids, aggTypes, aggIDs, types, payloads, headers, parts).Query(func(rows pgx.Rows) error {
+	b.Queue(outboxsql.OutboxLockPartitions, lockSlots(aggTypes, aggIDs, parts))
+	b.Queue(outboxsql.OutboxInsert, ids, aggTypes, aggIDs, types, payloads, headers, parts).Query(func(rows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Written])
 		return err

@@ -177,7 +177,7 @@ type OutboxCollector struct {
 func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 	return &OutboxCollector{
 		pool:  pool,
-		query: outboxsql.Query("metrics_outbox"),
+		query: outboxsql.MetricsOutbox,
 		rows: prometheus.NewDesc("outbox_messages", "Outbox rows per status (published rows are not counted).",
 			[]string{"status"}, nil),
 		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",

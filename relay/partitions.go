@@ -73,12 +73,12 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.Query("relay_lease_renew"), l.owner, leaseMS, !l.renewed)
+	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew, l.owner, leaseMS, !l.renewed)
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	var slots, relays int
-	if err := tx.QueryRow(ctx, outboxsql.Query("relay_lease_share")).Scan(&slots, &relays); err != nil {
+	if err := tx.QueryRow(ctx, outboxsql.RelayLeaseShare).Scan(&slots, &relays); err != nil {
 		return false, fmt.Errorf("partition lease share: %w", err)
 	}
 	share := (slots + max(relays, 1) - 1) / max(relays, 1)
@@ -90,7 +90,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 			released = append(released, h.Slot)
 		}
 		held = held[:share]
-		if _, err := tx.Exec(ctx, outboxsql.Query("relay_lease_release"), l.owner, released); err != nil {
+		if _, err := tx.Exec(ctx, outboxsql.RelayLeaseRelease, l.owner, released); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
 		}
 		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload()); err != nil {
@@ -99,7 +99,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, outboxsql.Query("relay_lease_acquire"), l.owner, leaseMS, share-len(held))
+		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire, l.owner, leaseMS, share-len(held))
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -211,8 +211,8 @@ func (r *Relay) leaveLeases() {
 		slots = append(slots, s)
 	}
 	var b pgx.Batch
-	b.Queue(outboxsql.Query("relay_lease_release"), r.leases.owner, slots)
-	b.Queue(outboxsql.Query("relay_lease_leave"), r.leases.owner)
+	b.Queue(outboxsql.RelayLeaseRelease, r.leases.owner, slots)
+	b.Queue(outboxsql.RelayLeaseLeave, r.leases.owner)
 	b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload())
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",

@@ -146,13 +146,13 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		log:            cfg.Logger.With(slog.String("relay", cfg.Name)),
 		listenCfg:      listenCfg,
 		wake:           make(chan struct{}, 1),
-		qClaim:         outboxsql.Query("relay_claim"),
-		qMarkPublished: outboxsql.Query("relay_mark_published"),
-		qMarkFailed:    outboxsql.Query("relay_mark_failed"),
-		qRelease:       outboxsql.Query("relay_release"),
-		qReap:          outboxsql.Query("relay_reap"),
-		qBusy:          outboxsql.Query("relay_busy"),
-		qSleep:         outboxsql.Query("relay_sleep"),
+		qClaim:         outboxsql.RelayClaim,
+		qMarkPublished: outboxsql.RelayMarkPublished,
+		qMarkFailed:    outboxsql.RelayMarkFailed,
+		qRelease:       outboxsql.RelayRelease,
+		qReap:          outboxsql.RelayReap,
+		qBusy:          outboxsql.RelayBusy,
+		qSleep:         outboxsql.RelaySleep,
 		listenNow:      make(chan struct{}, 1),
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
@@ -161,9 +161,9 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		leases: leases{owner: cfg.Name},
 	}
 	if r.ownsPartitions() {
-		r.qClaim = outboxsql.Query("relay_read")
-		r.qMarkPublished = outboxsql.Query("relay_mark_published_leased")
-		r.qMarkFailed = outboxsql.Query("relay_mark_failed_leased")
+		r.qClaim = outboxsql.RelayRead
+		r.qMarkPublished = outboxsql.RelayMarkPublishedLeased
+		r.qMarkFailed = outboxsql.RelayMarkFailedLeased
 	}
 	return r, nil
 }

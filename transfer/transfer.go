@@ -162,7 +162,7 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	t.Currency = t.currency()
 	res := Result{TransferID: t.ID}
 
-	err := tx.QueryRow(ctx, outboxsql.Query("transfer_insert"),
+	err := tx.QueryRow(ctx, outboxsql.TransferInsert,
 		t.ID, t.FromAccount, t.ToAccount, t.AmountCents, t.Currency).Scan(&res.SettledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return alreadySettled(ctx, tx, t)
@@ -210,7 +210,7 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 func alreadySettled(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	var prev Transfer
 	var settledAt time.Time
-	err := tx.QueryRow(ctx, outboxsql.Query("transfer_get"), t.ID).
+	err := tx.QueryRow(ctx, outboxsql.TransferGet, t.ID).
 		Scan(&prev.FromAccount, &prev.ToAccount, &prev.AmountCents, &prev.Currency, &settledAt)
 	if err != nil {
 		return Result{}, fmt.Errorf("read settled transfer %s: %w", t.ID, err)

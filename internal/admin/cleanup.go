@@ -51,10 +51,10 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 	if opt.BatchSize == 0 {
 		opt.BatchSize = DefaultCleanupBatch
 	}
-	if err := pool.QueryRow(ctx, outboxsql.Query("admin_cleanup_cutoff"), opt.OlderThan.Microseconds()).Scan(&res.Cutoff); err != nil {
+	if err := pool.QueryRow(ctx, outboxsql.AdminCleanupCutoff, opt.OlderThan.Microseconds()).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("cleanup: read the database clock: %w", err)
 	}
-	q := outboxsql.Query("admin_cleanup")
+	q := outboxsql.AdminCleanup
 	var after int64
 	for {
 		if err := ctx.Err(); err != nil {

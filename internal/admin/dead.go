@@ -35,7 +35,7 @@ func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []Dead
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
-	rows, err := pool.Query(ctx, outboxsql.Query("admin_dead_list"), int64(limit))
+	rows, err := pool.Query(ctx, outboxsql.AdminDeadList, int64(limit))
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)
 	}
@@ -95,7 +95,7 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 	if len(uniq) == 0 {
 		return res, nil
 	}
-	rows, err := pool.Query(ctx, outboxsql.Query("admin_dead_retry"), uniq)
+	rows, err := pool.Query(ctx, outboxsql.AdminDeadRetry, uniq)
 	if err != nil {
 		return res, fmt.Errorf("requeue dead events: %w", err)
 	}
@@ -136,7 +136,7 @@ func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, er
 	if batch <= 0 {
 		batch = DefaultRetryBatch
 	}
-	q := outboxsql.Query("admin_dead_retry_all")
+	q := outboxsql.AdminDeadRetryAll
 	var total, after int64
 	for {
 		var n int64

@@ -174,7 +174,7 @@ func (s *space) backlog(ctx context.Context) (int64, error) {
 	return pending + publishing, err
 }
 
-var qMetrics = outboxsql.Query("metrics_outbox")
+var qMetrics = outboxsql.MetricsOutbox
 
 // warm opens n pool connections before a timed phase, so that connecting is
 // not measured.

@@ -164,7 +164,7 @@ func printStatus(w io.Writer, st Status) {
 }
 
 func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
-	err := pool.QueryRow(ctx, outboxsql.Query("status")).
+	err := pool.QueryRow(ctx, outboxsql.Status).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
@@ -173,7 +173,7 @@ func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error
 		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
 	}
-	rows, err := pool.Query(ctx, outboxsql.Query("status_relay_slots"))
+	rows, err := pool.Query(ctx, outboxsql.StatusRelaySlots)
 	if err != nil {
 		return fmt.Errorf("read relay partition slots: %w", err)
 	}
