@@ -31,6 +31,7 @@ var (
 	RelayRelease             = load("relay_release")
 	RelaySleep               = load("relay_sleep")
 	Status                   = load("status")
+	StatusListeningRelays    = load("status_listening_relays")
 	StatusRelaySlots         = load("status_relay_slots")
 	TransferGet              = load("transfer_get")
 	TransferInsert           = load("transfer_insert")

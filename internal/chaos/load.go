@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // settleLoop runs `outbox settle` directly against PostgreSQL until the
@@ -222,9 +224,8 @@ func (r *run) backlog(ctx context.Context) (int, error) {
 func (r *run) outboxCounts(ctx context.Context) (pending, publishing, published, dead int, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err = r.mon.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'publishing'),
-		count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'dead') FROM outbox_messages`).
-		Scan(&pending, &publishing, &published, &dead)
+	var oldest float64
+	err = r.mon.QueryRow(ctx, outboxsql.Status).Scan(&pending, &publishing, &published, &dead, &oldest)
 	return
 }
 

@@ -64,8 +64,6 @@ package chaos
 // not hide them.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -153,36 +151,6 @@ func cutsPostgres(f FaultRecord) bool {
 	return false
 }
 
-// relayTimeline is what one relay's log and incarnations say about its
-// wake-up path.
-type relayTimeline struct {
-	name      string
-	impaired  []span      // see the package comment above
-	listening []time.Time // every LISTEN established, in order
-}
-
-// listenAfter returns the first LISTEN established at or after t, or forever.
-func (tl relayTimeline) listenAfter(t time.Time) time.Time {
-	i := sort.Search(len(tl.listening), func(i int) bool { return !tl.listening[i].Before(t) })
-	if i == len(tl.listening) {
-		return forever
-	}
-	return tl.listening[i]
-}
-
-// faultBack returns when the wake-up path was back after f: see the package
-// comment. capped: not within backLimit.
-func faultBack(f FaultRecord, relays []relayTimeline) (time.Time, bool) {
-	var impaired []span
-	for _, tl := range relays {
-		impaired = append(impaired, tl.impaired...)
-		if cutsPostgres(f) {
-			impaired = append(impaired, span{f.Start, tl.listenAfter(f.End)})
-		}
-	}
-	return backTime(f.End, impaired, backLimit)
-}
-
 // Kinds of relay log line the timeline reads.
 const (
 	evListening   = "listening"
@@ -190,124 +158,6 @@ const (
 	evBackoff     = "redis unavailable; backing off"
 	evDrainFailed = "drain failed; retrying"
 )
-
-// logEvent is one relay log line the timeline uses.
-type logEvent struct {
-	at      time.Time
-	msg     string
-	retryIn time.Duration
-	hung    bool // the error was a timeout: the failed call hung until then
-}
-
-// parseRelayLog reads a relay's log (the text handler's lines, and the
-// supervisor's "=== chaos: start NAME #N" lines between incarnations) into
-// the events of each incarnation, by incarnation number.
-func parseRelayLog(data []byte) map[int][]logEvent {
-	out := map[int][]logEvent{}
-	cur := 0
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "=== chaos: start "); ok {
-			if _, num, ok := strings.Cut(rest, " #"); ok {
-				num, _, _ = strings.Cut(num, " ")
-				if n, err := strconv.Atoi(num); err == nil {
-					cur = n
-				}
-			}
-			continue
-		}
-		rest, ok := strings.CutPrefix(line, "time=")
-		if !ok {
-			continue
-		}
-		ts, _, _ := strings.Cut(rest, " ")
-		at, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil {
-			continue
-		}
-		msg := field(line, "msg")
-		switch msg {
-		case evListening, evListenLost, evBackoff, evDrainFailed:
-		default:
-			continue
-		}
-		ev := logEvent{at: at, msg: msg}
-		if v := field(line, "retry_in"); v != "" {
-			ev.retryIn, _ = time.ParseDuration(v)
-		}
-		if e := field(line, "error"); strings.Contains(e, "timeout") || strings.Contains(e, "deadline exceeded") {
-			ev.hung = true
-		}
-		out[cur] = append(out[cur], ev)
-	}
-	return out
-}
-
-// field returns the value of key=value in a text handler line, unquoted.
-func field(line, key string) string {
-	i := strings.Index(line, " "+key+"=")
-	if i < 0 {
-		return ""
-	}
-	v := line[i+len(key)+2:]
-	if strings.HasPrefix(v, `"`) {
-		q, err := strconv.QuotedPrefix(v)
-		if err != nil {
-			return ""
-		}
-		s, _ := strconv.Unquote(q)
-		return s
-	}
-	v, _, _ = strings.Cut(v, " ")
-	return v
-}
-
-// buildTimeline turns a relay's incarnations and the events of its log into
-// its impairments and LISTENs (see the package comment).
-func buildTimeline(name string, incs []incarnation, events map[int][]logEvent) relayTimeline {
-	tl := relayTimeline{name: name}
-	for i, inc := range incs {
-		end := inc.end
-		if end.IsZero() {
-			end = forever
-		}
-		// Not running between this incarnation and the next. (After the
-		// last one the suite stopped the relay: the run is over.)
-		if !inc.end.IsZero() && i+1 < len(incs) {
-			tl.impaired = append(tl.impaired, span{inc.end, incs[i+1].start})
-		}
-		down := inc.start // LISTEN down since (zero: up)
-		for _, ev := range events[i+1] {
-			switch ev.msg {
-			case evListening:
-				if !down.IsZero() {
-					tl.impaired = append(tl.impaired, span{down, ev.at})
-					down = time.Time{}
-				}
-				tl.listening = append(tl.listening, ev.at)
-			case evListenLost:
-				if down.IsZero() {
-					down = ev.at
-				}
-			case evBackoff, evDrainFailed:
-				from := ev.at
-				if ev.hung && ev.msg == evBackoff {
-					from = from.Add(-publishHang)
-				} else if ev.hung {
-					from = from.Add(-statementHang)
-				}
-				tl.impaired = append(tl.impaired, span{from, ev.at.Add(ev.retryIn)})
-			}
-		}
-		if !down.IsZero() {
-			tl.impaired = append(tl.impaired, span{down, end})
-		}
-	}
-	sort.Slice(tl.listening, func(i, j int) bool { return tl.listening[i].Before(tl.listening[j]) })
-	return tl
-}
 
 // eventTiming is one event's commit and first publish.
 type eventTiming struct {
@@ -326,27 +176,6 @@ type eventTiming struct {
 }
 
 func (e eventTiming) delay() time.Duration { return e.Publish.Sub(maxTime(e.Commit, e.Ready)) }
-
-// calm reports whether no window intersects [t-calmBefore, t+strandedAfter].
-func calm(windows []window, t time.Time) bool {
-	hi := t.Add(strandedAfter)
-	for _, w := range windows {
-		if !w.from.After(hi) && !w.to.Add(w.settle).Before(t) {
-			return false
-		}
-	}
-	return true
-}
-
-// inWindow reports whether t is in some window.
-func inWindow(windows []window, t time.Time) bool {
-	for _, w := range windows {
-		if !t.Before(w.from) && !t.After(w.to) {
-			return true
-		}
-	}
-	return false
-}
 
 // strandedReport is what classify found.
 type strandedReport struct {
@@ -382,76 +211,6 @@ func classify(events []eventTiming, windows []window) strandedReport {
 	}
 	sort.Slice(rep.Stranded, func(i, j int) bool { return rep.Stranded[i].Commit.Before(rep.Stranded[j].Commit) })
 	return rep
-}
-
-// window is a fault's window; events that commit within settle after it
-// are not judged either.
-type window struct {
-	span
-	settle time.Duration
-}
-
-// faultWindows returns each fault's window [Start, Back], and before the
-// load a window until the relays were back at loadStart.
-func faultWindows(faults []FaultRecord, setupBack time.Time) []window {
-	ws := []window{{span{time.Time{}, setupBack}, calmBefore}}
-	for _, f := range faults {
-		ws = append(ws, window{span{f.Start, f.Back}, settleAfter(f.Kind)})
-	}
-	return ws
-}
-
-// settleAfter is how long after a fault's window events are still not
-// judged: calmBefore, for what the windows do not model (a pool redialling,
-// a backlog draining), except after a busy error, which cuts no connection
-// and whose one after-effect, the failed drain's retry, is in the window
-// (Back): its backlog is the rows committed during the failed round trip.
-// A relay that goes to sleep with writers silent after it strands the
-// events committed in the next seconds, and they must be judged.
-func settleAfter(kind string) time.Duration {
-	if kind == BusyError {
-		return busyErrorSettle
-	}
-	return calmBefore
-}
-
-// faultBefore returns the index of the fault whose window ended last at or
-// before t, or -1.
-func faultBefore(faults []FaultRecord, t time.Time) int {
-	prev := -1
-	for i, f := range faults {
-		if !f.Back.After(t) && (prev < 0 || f.Back.After(faults[prev].Back)) {
-			prev = i
-		}
-	}
-	return prev
-}
-
-// nearestFaults describes the fault whose window ended last before t and the
-// first that started after it.
-func nearestFaults(faults []FaultRecord, t time.Time) string {
-	prev, next := faultBefore(faults, t), -1
-	for i, f := range faults {
-		if f.Start.After(t) && (next < 0 || f.Start.Before(faults[next].Start)) {
-			next = i
-		}
-	}
-	var parts []string
-	if prev >= 0 {
-		f := faults[prev]
-		parts = append(parts, fmt.Sprintf("after fault #%d %s %s (%s..%s, back %s before the commit)",
-			prev+1, f.Kind, f.Detail, stamp(f.Start), stamp(f.Back), t.Sub(f.Back).Round(time.Millisecond)))
-	} else {
-		parts = append(parts, "no fault before")
-	}
-	if next >= 0 {
-		f := faults[next]
-		parts = append(parts, fmt.Sprintf("before fault #%d %s %s (starts %s after the commit)",
-			next+1, f.Kind, f.Detail, f.Start.Sub(t).Round(time.Millisecond)))
-	} else {
-		parts = append(parts, "no fault after")
-	}
-	return strings.Join(parts, "; ")
 }
 
 // entryTime returns the millisecond time of a stream entry id <ms>-<n>.
@@ -653,53 +412,4 @@ func (r *run) stranded(ctx context.Context, res *Result) {
 	}
 	r.problem("%d events stranded: committed in a calm phase but published more than %s later (worst %s); see the details",
 		len(rep.Stranded), strandedAfter, res.WorstCalm.Truncate(time.Millisecond))
-}
-
-func concatImpaired(tls []relayTimeline) []span {
-	var out []span
-	for _, tl := range tls {
-		out = append(out, tl.impaired...)
-	}
-	return out
-}
-
-// calmDuration is how much of [from, to] is outside every window, give or
-// take the margins of calm: the time in which a commit would be judged.
-func calmDuration(windows []window, from, to time.Time) time.Duration {
-	// Widen each window by the margins, then measure what is left.
-	ws := make([]span, 0, len(windows))
-	for _, w := range windows {
-		ws = append(ws, span{w.from.Add(-strandedAfter), w.to.Add(w.settle)})
-	}
-	sort.Slice(ws, func(i, j int) bool { return ws[i].from.Before(ws[j].from) })
-	total, cur := time.Duration(0), from
-	for _, w := range ws {
-		if !w.from.After(cur) {
-			cur = maxTime(cur, w.to)
-			continue
-		}
-		if w.from.After(to) {
-			break
-		}
-		total += w.from.Sub(cur)
-		cur = maxTime(cur, w.to)
-	}
-	if to.After(cur) {
-		total += to.Sub(cur)
-	}
-	return total
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }

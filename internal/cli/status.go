@@ -169,8 +169,7 @@ func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
 	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name LIKE 'outbox-relay%-listen'`).Scan(&st.ListeningRelays); err != nil {
+	if err := pool.QueryRow(ctx, outboxsql.StatusListeningRelays).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
 	}
 	rows, err := pool.Query(ctx, outboxsql.StatusRelaySlots)

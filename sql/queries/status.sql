@@ -1,4 +1,7 @@
--- Rows per status and the age of the oldest pending row, in seconds.
+-- Rows per status and the age of the oldest pending row, in seconds, for
+-- 'outbox status' (and the chaos suite's progress). It counts published rows
+-- too, so it reads the whole table: the metrics scrape uses
+-- metrics_outbox.sql, which reads only the partial indexes.
 SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
        count(*) FILTER (WHERE status = 'publishing') AS publishing,
        count(*) FILTER (WHERE status = 'published')  AS published,

@@ -1,0 +1,117 @@
+package chaos
+
+import (
+	"cmp"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// FaultRecord is one injected fault.
+type FaultRecord struct {
+	Kind     string
+	Detail   string
+	Start    time.Time
+	End      time.Time     // when the fault stopped being injected
+	Recovery time.Duration // from End until the pipeline caught up (-1: never)
+	// Back: when the relays' wake-up path was back after the fault; the
+	// fault's window in the stranded analysis is [Start, Back] (stranded.go).
+	Back time.Time
+	// UnderLoad: settle was still producing TEDs when the fault began.
+	UnderLoad bool
+	Note      string
+}
+
+// Result is what a run found.
+type Result struct {
+	Seed                           uint64
+	Transfers, Events, Verdicts    int
+	Lost, Doubled                  int
+	Faults                         []FaultRecord
+	MaxRecovery                    time.Duration
+	Duration                       time.Duration
+	Problems                       []string // every failed check; empty means the run passed
+	Details                        []string // diagnostics worth printing
+	StreamEntries, DuplicatesInRed int
+	// Stranded events (stranded.go): of the Judged events, committed in
+	// calm phases, how many were published more than a second after their
+	// commit, and the longest commit-to-publish delay among them.
+	Judged, Stranded int
+	WorstCalm        time.Duration
+	// Restarts counts the relays restarted gracefully by rolling deploys.
+	Restarts int
+	// Probes counts the hand-over probes (probe.go); ProbesExact those in
+	// which the other relays slept throughout, so that only the stopping
+	// relay's hand-over could publish the probe's TED in time.
+	Probes, ProbesExact int
+	// Cluster: the run was on a Redis Cluster; OutOfOrder counts the
+	// senders whose effects the audit shows applied out of settled order.
+	Cluster    bool
+	OutOfOrder int
+	// Ownership: the relays' --ownership.
+	Ownership string
+}
+
+// kinds is the fault kinds of the run's mode.
+func (r Result) kinds() []string {
+	if r.Cluster {
+		return ClusterKinds
+	}
+	return Kinds
+}
+
+// Summary is the one line a run prints.
+func (r Result) Summary() string {
+	counts := map[string]int{}
+	for _, f := range r.Faults {
+		counts[f.Kind]++
+	}
+	var fs []string
+	for _, k := range r.kinds() {
+		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
+	}
+	mode := "single"
+	if r.Cluster {
+		mode = "cluster"
+	}
+	// New fields go at the end: scripts read this line.
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s",
+		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "rows"))
+}
+
+// ByKind summarizes the faults per kind: how many, how many while the load
+// was running, and the longest recovery.
+func (r Result) ByKind() []string {
+	type agg struct {
+		n, underLoad int
+		maxRec       time.Duration
+		never        int
+	}
+	m := map[string]*agg{}
+	for _, f := range r.Faults {
+		a := m[f.Kind]
+		if a == nil {
+			a = &agg{}
+			m[f.Kind] = a
+		}
+		a.n++
+		if f.UnderLoad {
+			a.underLoad++
+		}
+		if f.Recovery < 0 {
+			a.never++
+		}
+		a.maxRec = max(a.maxRec, f.Recovery)
+	}
+	var out []string
+	for _, k := range r.kinds() {
+		a := m[k]
+		if a == nil {
+			out = append(out, fmt.Sprintf("%-17s 0", k))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%-17s %3d injected, %3d under load, max recovery %5.1fs, never recovered %d", k, a.n, a.underLoad, a.maxRec.Seconds(), a.never))
+	}
+	return out
+}
