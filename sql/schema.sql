@@ -1,0 +1,279 @@
+-- The outbox's schema as the migrations (sql/migrations) build it, in one
+-- place, to read. Generated: go test ./internal/migrate -run TestSchemaSnapshot
+-- -update (pg_dump); the test fails when it no longer matches the migrations.
+-- Apply the migrations, not this file: they also insert the relay's 16
+-- partition slots and set the wake-up flag, and record their versions.
+
+-- Function bodies refer to tables created further down.
+SET check_function_bodies = false;
+
+-- SCHEMA public
+
+CREATE SCHEMA public;
+
+-- FUNCTION outbox_messages_notify()
+
+CREATE FUNCTION public.outbox_messages_notify() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('outbox_messages', '');
+    RETURN NULL;
+END
+$$;
+
+-- FUNCTION outbox_messages_notify_idle()
+
+CREATE FUNCTION public.outbox_messages_notify_idle() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    -- Once per transaction, whatever the number of statements that insert.
+    IF current_setting('outbox.notify_checked', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('outbox.notify_checked', 'on', true);
+    IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+        PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
+        IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+            RETURN NULL; -- a relay is draining and will see this row
+        END IF;
+    END IF;
+    PERFORM pg_notify('outbox_messages', '');
+    RETURN NULL;
+END
+$$;
+
+-- FUNCTION outbox_notify_mode(text)
+
+CREATE FUNCTION public.outbox_notify_mode(mode text) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    previous text;
+BEGIN
+    SELECT CASE p.proname
+               WHEN 'outbox_messages_notify_idle' THEN 'idle'
+               WHEN 'outbox_messages_notify' THEN 'always'
+           END
+      INTO previous
+      FROM pg_trigger t
+      JOIN pg_proc p ON p.oid = t.tgfoid
+     WHERE t.tgrelid = 'outbox_messages'::regclass
+       AND t.tgname = 'outbox_messages_notify';
+    IF mode IS NULL OR mode NOT IN ('idle', 'always', 'off') THEN
+        RAISE EXCEPTION 'outbox_notify_mode: unknown mode %; want idle, always or off', mode
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF previous IS NOT DISTINCT FROM NULLIF(mode, 'off') THEN
+        RETURN coalesce(previous, 'off');
+    END IF;
+    DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;
+    IF mode = 'idle' THEN
+        CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+            FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify_idle();
+    ELSIF mode = 'always' THEN
+        CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+            FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify();
+    END IF;
+    -- A relay may be asleep with the flag at 0 (it was set while the trigger
+    -- did not read it); waking it once is harmless.
+    PERFORM setval('outbox_relay_idle', 1);
+    RETURN coalesce(previous, 'off');
+END
+$$;
+
+-- FUNCTION outbox_relay_busy()
+
+CREATE FUNCTION public.outbox_relay_busy() RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT setval('outbox_relay_idle', 0);
+$$;
+
+-- FUNCTION outbox_relay_sleep()
+
+CREATE FUNCTION public.outbox_relay_sleep() RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    saved text := current_setting('lock_timeout');
+BEGIN
+    PERFORM setval('outbox_relay_idle', 1);
+    PERFORM set_config('lock_timeout', '20ms', true);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(1869903214, 1);
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM set_config('lock_timeout', saved, true);
+        RETURN false;
+    END;
+    PERFORM set_config('lock_timeout', saved, true);
+    RETURN true;
+END
+$$;
+
+-- FUNCTION outbox_relay_slot(text, integer)
+
+CREATE FUNCTION public.outbox_relay_slot(key text, slots integer) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int $$;
+
+-- TABLE outbox_messages
+
+CREATE TABLE public.outbox_messages (
+    id uuid DEFAULT gen_random_uuid() NOT NULL,
+    seq bigint NOT NULL,
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    headers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    claimed_at timestamp with time zone,
+    claimed_by text,
+    claim_token uuid,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    published_at timestamp with time zone,
+    stream_id text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    unpublished boolean GENERATED ALWAYS AS ((status = ANY (ARRAY['pending'::text, 'publishing'::text]))) STORED,
+    dead boolean GENERATED ALWAYS AS ((status = 'dead'::text)) STORED,
+    partition_key text,
+    CONSTRAINT outbox_messages_aggregate_id_set CHECK (((length(aggregate_id) >= 1) AND (length(aggregate_id) <= 200))),
+    CONSTRAINT outbox_messages_aggregate_type_set CHECK ((aggregate_type ~ '^[A-Za-z0-9_.-]{1,100}$'::text)),
+    CONSTRAINT outbox_messages_attempts_valid CHECK ((attempts >= 0)),
+    CONSTRAINT outbox_messages_claim_consistent CHECK ((((status = 'publishing'::text) = (claim_token IS NOT NULL)) AND ((status <> 'publishing'::text) OR (claimed_at IS NOT NULL)))),
+    CONSTRAINT outbox_messages_event_type_set CHECK (((length(event_type) >= 1) AND (length(event_type) <= 200))),
+    CONSTRAINT outbox_messages_published_consistent CHECK (((status = 'published'::text) = (published_at IS NOT NULL))),
+    CONSTRAINT outbox_messages_status_valid CHECK ((status = ANY (ARRAY['pending'::text, 'publishing'::text, 'published'::text, 'dead'::text])))
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0', autovacuum_vacuum_insert_threshold='10000', autovacuum_analyze_scale_factor='0', autovacuum_analyze_threshold='1000', fillfactor='50');
+
+-- SEQUENCE outbox_messages_seq
+
+CREATE SEQUENCE public.outbox_messages_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+-- SEQUENCE OWNED BY outbox_messages_seq
+
+ALTER SEQUENCE public.outbox_messages_seq OWNED BY public.outbox_messages.seq;
+
+-- SEQUENCE outbox_relay_idle
+
+CREATE SEQUENCE public.outbox_relay_idle
+    AS smallint
+    START WITH 1
+    INCREMENT BY 1
+    MINVALUE 0
+    MAXVALUE 1
+    CACHE 1;
+
+-- TABLE outbox_relay_members
+
+CREATE TABLE public.outbox_relay_members (
+    owner text NOT NULL,
+    seen_until timestamp with time zone NOT NULL
+);
+
+-- TABLE outbox_relay_partitions
+
+CREATE TABLE public.outbox_relay_partitions (
+    slot integer NOT NULL,
+    owner text,
+    token uuid,
+    lease_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT outbox_relay_partitions_slot_check CHECK ((slot >= 0))
+);
+
+-- TABLE outbox_schema_migrations
+
+CREATE TABLE public.outbox_schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- TABLE transfers
+
+CREATE TABLE public.transfers (
+    id uuid NOT NULL,
+    from_account text NOT NULL,
+    to_account text NOT NULL,
+    amount_cents bigint NOT NULL,
+    currency text DEFAULT 'BRL'::text NOT NULL,
+    settled_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT transfers_amount_positive CHECK ((amount_cents > 0)),
+    CONSTRAINT transfers_currency_iso CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT transfers_distinct_accounts CHECK ((from_account <> to_account)),
+    CONSTRAINT transfers_from_account_set CHECK (((length(btrim(from_account)) >= 1) AND (length(btrim(from_account)) <= 64))),
+    CONSTRAINT transfers_to_account_set CHECK (((length(btrim(to_account)) >= 1) AND (length(btrim(to_account)) <= 64)))
+);
+
+-- DEFAULT outbox_messages seq
+
+ALTER TABLE ONLY public.outbox_messages ALTER COLUMN seq SET DEFAULT nextval('public.outbox_messages_seq'::regclass);
+
+-- CHECK CONSTRAINT outbox_messages outbox_messages_partition_key_set
+
+ALTER TABLE public.outbox_messages
+    ADD CONSTRAINT outbox_messages_partition_key_set CHECK (((partition_key IS NULL) OR ((length(partition_key) >= 1) AND (length(partition_key) <= 200)))) NOT VALID;
+
+-- CONSTRAINT outbox_messages outbox_messages_pkey
+
+ALTER TABLE ONLY public.outbox_messages
+    ADD CONSTRAINT outbox_messages_pkey PRIMARY KEY (id);
+
+-- CONSTRAINT outbox_messages outbox_messages_seq_unique
+
+ALTER TABLE ONLY public.outbox_messages
+    ADD CONSTRAINT outbox_messages_seq_unique UNIQUE (seq);
+
+-- CONSTRAINT outbox_relay_members outbox_relay_members_pkey
+
+ALTER TABLE ONLY public.outbox_relay_members
+    ADD CONSTRAINT outbox_relay_members_pkey PRIMARY KEY (owner);
+
+-- CONSTRAINT outbox_relay_partitions outbox_relay_partitions_pkey
+
+ALTER TABLE ONLY public.outbox_relay_partitions
+    ADD CONSTRAINT outbox_relay_partitions_pkey PRIMARY KEY (slot);
+
+-- CONSTRAINT outbox_schema_migrations outbox_schema_migrations_pkey
+
+ALTER TABLE ONLY public.outbox_schema_migrations
+    ADD CONSTRAINT outbox_schema_migrations_pkey PRIMARY KEY (version);
+
+-- CONSTRAINT transfers transfers_pkey
+
+ALTER TABLE ONLY public.transfers
+    ADD CONSTRAINT transfers_pkey PRIMARY KEY (id);
+
+-- INDEX outbox_messages_dead
+
+CREATE INDEX outbox_messages_dead ON public.outbox_messages USING btree (seq) WHERE dead;
+
+-- INDEX outbox_messages_retrying
+
+CREATE INDEX outbox_messages_retrying ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE (unpublished AND (attempts > 0));
+
+-- INDEX outbox_messages_unpublished
+
+CREATE INDEX outbox_messages_unpublished ON public.outbox_messages USING btree (seq) WHERE unpublished;
+
+-- INDEX outbox_messages_unpublished_by_partition
+
+CREATE INDEX outbox_messages_unpublished_by_partition ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE unpublished;
+
+-- INDEX transfers_from_account_settled_at
+
+CREATE INDEX transfers_from_account_settled_at ON public.transfers USING btree (from_account, settled_at);
+
+-- TRIGGER outbox_messages outbox_messages_notify
+
+CREATE TRIGGER outbox_messages_notify AFTER INSERT ON public.outbox_messages FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_messages_notify_idle();
