@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tedbank/outbox/internal/failpoint"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // claim claims one batch under token. In the same round trip it first tells
@@ -41,22 +42,23 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		// drains only its own slots: wake the others at every batch while
 		// busy, and when it says "sleep" (delivered at commit, after the
 		// writers that saw it busy: their rows may be in other slots).
-		b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.wakePayload())
+		b.Queue(outboxsql.RelayNotify, r.notifyArgs(r.wakePayload()))
 	}
 	if prev != nil {
-		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())...).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())).Exec(func(tag pgconn.CommandTag) error {
 			marked = int(tag.RowsAffected())
 			return nil
 		})
 	}
 	b.Queue(indexedClaim)
-	args := []any{r.cfg.BatchSize, token, r.cfg.Name}
+	args := pgx.StrictNamedArgs{"batch": r.cfg.BatchSize, "token": token, "relay": r.cfg.Name}
 	if r.ownsPartitions() {
-		args = []any{r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...)}
+		args = pgx.StrictNamedArgs{"batch": r.cfg.BatchSize, "slots": r.leases.slots, "usable_slots": r.usableSlots(),
+			"in_flight": append([]int64{}, exclude...)}
 	}
-	b.Queue(r.qClaim, args...).Query(func(rows pgx.Rows) error {
+	b.Queue(r.qClaim, args).Query(func(rows pgx.Rows) error {
 		var err error
-		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByPos[message])
+		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByName[message])
 		return err
 	})
 	if injected != nil {

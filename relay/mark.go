@@ -35,11 +35,11 @@ func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) 
 
 // args are relay_mark_published's arguments, or with partition leases
 // relay_mark_published_leased's.
-func (m *pendingMark) args(leased bool) []any {
+func (m *pendingMark) args(leased bool) pgx.StrictNamedArgs {
 	if leased {
-		return []any{m.ids, m.streamIDs, m.slots, m.tokens}
+		return pgx.StrictNamedArgs{"ids": m.ids, "stream_ids": m.streamIDs, "slots": m.slots, "tokens": m.tokens}
 	}
-	return []any{m.ids, m.streamIDs, m.token}
+	return pgx.StrictNamedArgs{"ids": m.ids, "stream_ids": m.streamIDs, "token": m.token}
 }
 
 // failedRow is a row relay_mark_failed updated.
@@ -61,15 +61,17 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	var (
 		b    pgx.Batch
 		rows []failedRow
-		args = []any{f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts}
+		args = pgx.StrictNamedArgs{"ids": f.ids, "errors": f.streamIDs, "backoffs_ms": delays, "token": f.token,
+			"max_attempts": r.cfg.MaxAttempts}
 	)
 	if r.ownsPartitions() {
-		args = []any{f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts}
+		args = pgx.StrictNamedArgs{"ids": f.ids, "errors": f.streamIDs, "backoffs_ms": delays, "slots": f.slots,
+			"tokens": f.tokens, "max_attempts": r.cfg.MaxAttempts}
 	}
 	queueRelayTx(&b)
-	b.Queue(r.qMarkFailed, args...).Query(func(rs pgx.Rows) error {
+	b.Queue(r.qMarkFailed, args).Query(func(rs pgx.Rows) error {
 		var err error
-		rows, err = pgx.CollectRows(rs, pgx.RowToStructByPos[failedRow])
+		rows, err = pgx.CollectRows(rs, pgx.RowToStructByName[failedRow])
 		return err
 	})
 	if err := r.sendTx(ctx, &b); err != nil {
@@ -89,7 +91,7 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.exec(ctx, r.qMarkPublished, m.args(r.ownsPartitions())...)
+	tag, err := r.exec(ctx, r.qMarkPublished, m.args(r.ownsPartitions()))
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}
@@ -118,7 +120,7 @@ func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, a
 	if cause != nil {
 		reason = truncate("released: "+cause.Error(), 1000)
 	}
-	tag, err := r.exec(ctx, r.qRelease, ids, token, after.Milliseconds(), reason)
+	tag, err := r.exec(ctx, r.qRelease, pgx.StrictNamedArgs{"ids": ids, "token": token, "after_ms": after.Milliseconds(), "reason": reason})
 	if err != nil {
 		return 0, fmt.Errorf("release %d rows: %w", len(ids), err)
 	}

@@ -73,7 +73,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew, l.owner, leaseMS, !l.renewed)
+	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew, pgx.StrictNamedArgs{"relay": l.owner, "lease_ms": leaseMS, "rotate": !l.renewed})
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
@@ -90,16 +90,16 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 			released = append(released, h.Slot)
 		}
 		held = held[:share]
-		if _, err := tx.Exec(ctx, outboxsql.RelayLeaseRelease, l.owner, released); err != nil {
+		if _, err := tx.Exec(ctx, outboxsql.RelayLeaseRelease, pgx.StrictNamedArgs{"relay": l.owner, "slots": released}); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload()); err != nil {
+		if _, err := tx.Exec(ctx, outboxsql.RelayNotify, r.notifyArgs(r.freedPayload())); err != nil {
 			return false, fmt.Errorf("announce released partition leases: %w", err)
 		}
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire, l.owner, leaseMS, share-len(held))
+		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire, pgx.StrictNamedArgs{"relay": l.owner, "lease_ms": leaseMS, "count": share - len(held)})
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -142,7 +142,7 @@ func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]h
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[heldSlot])
+	return pgx.CollectRows(rows, pgx.RowToStructByName[heldSlot])
 }
 
 // renewLeasesIfDue renews when the renewal is due; a failure is logged (the
@@ -211,9 +211,9 @@ func (r *Relay) leaveLeases() {
 		slots = append(slots, s)
 	}
 	var b pgx.Batch
-	b.Queue(outboxsql.RelayLeaseRelease, r.leases.owner, slots)
-	b.Queue(outboxsql.RelayLeaseLeave, r.leases.owner)
-	b.Queue("SELECT pg_notify($1, $2)", r.cfg.Channel, r.freedPayload())
+	b.Queue(outboxsql.RelayLeaseRelease, pgx.StrictNamedArgs{"relay": r.leases.owner, "slots": slots})
+	b.Queue(outboxsql.RelayLeaseLeave, pgx.StrictNamedArgs{"relay": r.leases.owner})
+	b.Queue(outboxsql.RelayNotify, r.notifyArgs(r.freedPayload()))
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
 			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
@@ -247,3 +247,8 @@ func (r *Relay) wakePayload() string { return "relay:" + r.cfg.Name }
 func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
 
 const slotsFreedPrefix = "relay-slots-freed:"
+
+// notifyArgs are relay_notify's arguments: this relay's channel, payload.
+func (r *Relay) notifyArgs(payload string) pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{"channel": r.cfg.Channel, "payload": payload}
+}

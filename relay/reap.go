@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Reap returns expired claims to pending and reports how many it returned.
@@ -14,7 +16,8 @@ func (r *Relay) Reap(ctx context.Context) (int, error) {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, r.qReap, r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts)
+		tag, err := r.exec(sctx, r.qReap, pgx.StrictNamedArgs{"lease_ms": r.cfg.Lease.Milliseconds(), "batch": r.cfg.BatchSize,
+			"max_attempts": r.cfg.MaxAttempts})
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox/internal/retry"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // The wake-up protocol, relay side (sql/migrations/0006_outbox_notify_idle.sql
@@ -185,7 +186,7 @@ func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
 	var b pgx.Batch
 	queueRelayTx(&b)
 	b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
-	b.Queue("SELECT pg_notify($1, '')", r.cfg.Channel)
+	b.Queue(outboxsql.RelayNotify, r.notifyArgs(""))
 	if err := r.sendTx(ctx, &b); err != nil {
 		return false, err
 	}

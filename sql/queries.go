@@ -26,6 +26,7 @@ var (
 	RelayMarkFailedLeased    = load("relay_mark_failed_leased")
 	RelayMarkPublished       = load("relay_mark_published")
 	RelayMarkPublishedLeased = load("relay_mark_published_leased")
+	RelayNotify              = load("relay_notify")
 	RelayRead                = load("relay_read")
 	RelayReap                = load("relay_reap")
 	RelayRelease             = load("relay_release")

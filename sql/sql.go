@@ -6,9 +6,12 @@
 package outboxsql
 
 import (
+	"context"
 	"embed"
 	"fmt"
 	"io/fs"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Migrations holds migrations/NNNN_name.sql, applied in lexical order.
@@ -40,3 +43,15 @@ func Query(name string) string { return loaded[name] }
 
 // QueryFS exposes the query files, for tests that check every one of them.
 func QueryFS() fs.FS { return queries }
+
+// Positional returns query with its named parameters (@name) numbered ($1,
+// $2... in order of first appearance), as pgx sends it with
+// pgx.StrictNamedArgs: for tests that prepare or EXPLAIN a query, or trace
+// it by its text.
+func Positional(query string) string {
+	sql, _, err := pgx.NamedArgs{}.RewriteQuery(context.Background(), nil, query, nil)
+	if err != nil {
+		panic(fmt.Sprintf("outboxsql: rewrite named parameters: %v", err))
+	}
+	return sql
+}

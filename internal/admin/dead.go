@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outboxsql "github.com/tedbank/outbox/sql"
@@ -35,7 +36,7 @@ func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []Dead
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
-	rows, err := pool.Query(ctx, outboxsql.AdminDeadList, int64(limit))
+	rows, err := pool.Query(ctx, outboxsql.AdminDeadList, pgx.StrictNamedArgs{"max_rows": int64(limit)})
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)
 	}
@@ -95,7 +96,7 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 	if len(uniq) == 0 {
 		return res, nil
 	}
-	rows, err := pool.Query(ctx, outboxsql.AdminDeadRetry, uniq)
+	rows, err := pool.Query(ctx, outboxsql.AdminDeadRetry, pgx.StrictNamedArgs{"ids": uniq})
 	if err != nil {
 		return res, fmt.Errorf("requeue dead events: %w", err)
 	}
@@ -140,7 +141,7 @@ func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, er
 	var total, after int64
 	for {
 		var n int64
-		if err := pool.QueryRow(ctx, q, after, int64(batch)).Scan(&n, &after); err != nil {
+		if err := pool.QueryRow(ctx, q, pgx.StrictNamedArgs{"after_seq": after, "batch": int64(batch)}).Scan(&n, &after); err != nil {
 			return total, fmt.Errorf("requeue dead events (after %d requeued): %w", total, err)
 		}
 		total += n

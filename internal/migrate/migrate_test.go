@@ -79,7 +79,7 @@ func TestQueriesPrepare(t *testing.T) {
 	}
 	for _, n := range names {
 		name := strings.TrimSuffix(strings.TrimPrefix(n, "queries/"), ".sql")
-		if _, err := conn.Conn().Prepare(ctx, name, outboxsql.Query(name)); err != nil {
+		if _, err := conn.Conn().Prepare(ctx, name, outboxsql.Positional(outboxsql.Query(name))); err != nil {
 			t.Errorf("query %s: %v", name, err)
 		}
 	}

@@ -1,5 +1,5 @@
--- Delete one batch of published rows published before $1: at most $3 of them,
--- in seq order after seq $2 (the last seq of the previous batch, so each batch
+-- Delete one batch of published rows published before @before: at most @batch of them,
+-- in seq order after seq @after_seq (the last seq of the previous batch, so each batch
 -- starts where the previous one stopped instead of rescanning the rows it
 -- deleted, which stay in the index until vacuum). Run in its own short
 -- transaction. Returns how many rows it deleted and the last seq it deleted.
@@ -12,10 +12,10 @@ WITH doomed AS MATERIALIZED (
     SELECT id
       FROM outbox_messages
      WHERE status = 'published'
-       AND published_at < $1::timestamptz
-       AND seq > $2::bigint
+       AND published_at < @before::timestamptz
+       AND seq > @after_seq::bigint
      ORDER BY seq
-     LIMIT $3::bigint
+     LIMIT @batch::bigint
        FOR UPDATE SKIP LOCKED
 ), deleted AS (
     DELETE FROM outbox_messages
@@ -23,4 +23,4 @@ WITH doomed AS MATERIALIZED (
        AND status = 'published'
     RETURNING seq
 )
-SELECT count(*), coalesce(max(seq), $2::bigint) FROM deleted
+SELECT count(*), coalesce(max(seq), @after_seq::bigint) FROM deleted

@@ -1,4 +1,4 @@
--- Dead events, oldest first, at most $1 of them, each with the number of dead
+-- Dead events, oldest first, at most @max_rows of them, each with the number of dead
 -- rows in all (the window count is taken before LIMIT).
 SELECT id, aggregate_type, aggregate_id, event_type, attempts,
        coalesce(last_error, '') AS last_error, created_at,
@@ -6,4 +6,4 @@ SELECT id, aggregate_type, aggregate_id, event_type, attempts,
   FROM outbox_messages
  WHERE dead
  ORDER BY seq
- LIMIT $1::bigint
+ LIMIT @max_rows::bigint

@@ -1,5 +1,5 @@
--- Requeue one batch of dead events: at most $2 of them, in seq order after
--- seq $1 (the caller passes the last seq of the previous batch, so a row that
+-- Requeue one batch of dead events: at most @batch of them, in seq order after
+-- seq @after_seq (the caller passes the last seq of the previous batch, so a row that
 -- dies again while the batches run is not requeued twice). Same reset as
 -- admin_dead_retry. Returns how many were requeued and the last seq seen.
 -- MATERIALIZED: the locking subquery runs once, so LIMIT holds.
@@ -7,9 +7,9 @@ WITH picked AS MATERIALIZED (
     SELECT id
       FROM outbox_messages
      WHERE dead
-       AND seq > $1::bigint
+       AND seq > @after_seq::bigint
      ORDER BY seq
-     LIMIT $2::bigint
+     LIMIT @batch::bigint
        FOR UPDATE SKIP LOCKED
 ), requeued AS (
     UPDATE outbox_messages o
@@ -25,4 +25,4 @@ WITH picked AS MATERIALIZED (
        AND o.status = 'dead'
     RETURNING o.seq
 )
-SELECT count(*), coalesce(max(seq), $1::bigint) FROM requeued
+SELECT count(*), coalesce(max(seq), @after_seq::bigint) FROM requeued

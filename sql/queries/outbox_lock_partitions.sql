@@ -1,5 +1,5 @@
 -- Serialize the writers of the partition keys a Write is about to insert:
--- take the transaction-scoped advisory lock of each lock slot $1 (distinct,
+-- take the transaction-scoped advisory lock of each lock slot @lock_slots (distinct,
 -- ascending, so two writers never wait for each other in a cycle), held until
 -- the transaction ends. Two transactions writing one partition key then
 -- insert in the order they commit, so seq order is commit order per key and
@@ -13,4 +13,4 @@
 -- from the application's own single-key advisory locks and from the wake-up
 -- lock (1869903214, migration 0006).
 SELECT count(pg_advisory_xact_lock(1869903215, s))
-  FROM unnest($1::int[]) AS s
+  FROM unnest(@lock_slots::int[]) AS s

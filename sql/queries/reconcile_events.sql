@@ -1,12 +1,12 @@
--- Every transfer settled since $1 with its transfer.settled event, if any,
--- and every such event since $1 with its transfer, if any: one pass over each
+-- Every transfer settled since @since with its transfer.settled event, if any,
+-- and every such event since @since with its transfer, if any: one pass over each
 -- table (a hash join), streamed to the caller, so that millions of rows cost
 -- seconds and bounded memory. It reads a snapshot and takes no lock that a
 -- writer or a relay waits for. Events are matched by aggregate id, the
 -- transfer id (transfer.SettleTx writes it so); partition_key is the key the
 -- relay chose the event's stream partition by.
 --
--- $1 since: transfers settled and events created at or after it.
+-- @since since: transfers settled and events created at or after it.
 SELECT t.id::text        AS transfer_id,
        t.from_account    AS from_account,
        t.amount_cents    AS amount_cents,
@@ -17,9 +17,9 @@ SELECT t.id::text        AS transfer_id,
        e.created_at      AS created_at,
        e.stream_id       AS stream_id,
        coalesce(e.partition_key, e.aggregate_id) AS partition_key
-  FROM (SELECT id, from_account, amount_cents, settled_at FROM transfers WHERE settled_at >= $1) t
+  FROM (SELECT id, from_account, amount_cents, settled_at FROM transfers WHERE settled_at >= @since) t
   FULL JOIN (SELECT id, aggregate_id, status, created_at, stream_id, partition_key
                FROM outbox_messages
               WHERE aggregate_type = 'transfer' AND event_type = 'transfer.settled'
-                AND created_at >= $1) e
+                AND created_at >= @since) e
     ON e.aggregate_id = t.id::text

@@ -2,7 +2,7 @@
 -- transfers_from_account_settled_at: their anti-fraud totals are compared
 -- with the sums over these rows.
 --
--- $1 from_accounts (text[]).
+-- @senders from_accounts (text[]).
 SELECT from_account, id::text AS transfer_id, amount_cents
   FROM transfers
- WHERE from_account = ANY($1)
+ WHERE from_account = ANY(@senders)

@@ -1,4 +1,4 @@
--- Claim up to $1 publishable rows for relay $3 with the fresh fencing token $2.
+-- Claim up to @batch publishable rows for relay @relay with the fresh fencing token @token.
 --
 -- MATERIALIZED: the locking subquery runs exactly once, so LIMIT holds under
 -- concurrency (a plain IN (subquery) may be rescanned and lock more rows).
@@ -24,14 +24,14 @@ WITH picked AS MATERIALIZED (
               AND p.seq < o.seq
               AND p.unpublished)
      ORDER BY o.seq
-     LIMIT $1
+     LIMIT @batch
        FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE outbox_messages o
    SET status = 'publishing',
        claimed_at = now(),
-       claimed_by = $3,
-       claim_token = $2
+       claimed_by = @relay,
+       claim_token = @token
   FROM picked
  WHERE o.ctid = picked.tid
 RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,

@@ -1,3 +1,3 @@
--- A relay ($1) stopping: its membership ends at once, so the others' shares
+-- A relay (@relay) stopping: its membership ends at once, so the others' shares
 -- grow at their next renewal.
-DELETE FROM outbox_relay_members WHERE owner = $1
+DELETE FROM outbox_relay_members WHERE owner = @relay

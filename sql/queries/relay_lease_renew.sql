@@ -1,18 +1,18 @@
--- Renew this relay's ($1) membership and the leases of the slots it holds,
--- for $2 milliseconds. A slot whose token is still this relay's is renewed
+-- Renew this relay's (@relay) membership and the leases of the slots it holds,
+-- for @lease_ms milliseconds. A slot whose token is still this relay's is renewed
 -- even if its lease ran out meanwhile: no other relay took it (taking a slot
--- changes its token), so nothing was published in between. With $3, the
+-- changes its token), so nothing was published in between. With @rotate, the
 -- relay has just started: it takes back at once the slots a previous process
 -- of the same name held (killed, its leases not yet run out), each with a new
 -- token, so that the previous process, were it still alive, marks nothing.
 -- Returns the slots held, with their tokens.
 WITH member AS (
     INSERT INTO outbox_relay_members (owner, seen_until)
-    VALUES ($1, now() + $2 * interval '1 millisecond')
+    VALUES (@relay, now() + @lease_ms * interval '1 millisecond')
     ON CONFLICT (owner) DO UPDATE SET seen_until = excluded.seen_until
 )
 UPDATE outbox_relay_partitions
-   SET lease_until = now() + $2 * interval '1 millisecond',
-       token = CASE WHEN $3::boolean THEN gen_random_uuid() ELSE token END
- WHERE owner = $1
+   SET lease_until = now() + @lease_ms * interval '1 millisecond',
+       token = CASE WHEN @rotate::boolean THEN gen_random_uuid() ELSE token END
+ WHERE owner = @relay
 RETURNING slot, token

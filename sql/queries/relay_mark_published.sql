@@ -6,7 +6,7 @@ UPDATE outbox_messages o
        stream_id = x.stream_id,
        claim_token = NULL,
        last_error = NULL
-  FROM unnest($1::uuid[], $2::text[]) AS x(id, stream_id)
+  FROM unnest(@ids::uuid[], @stream_ids::text[]) AS x(id, stream_id)
  WHERE o.id = x.id
-   AND o.claim_token = $3
+   AND o.claim_token = @token
    AND o.status = 'publishing'

@@ -1,5 +1,5 @@
--- Mark published the rows $1 (stream entries $2) read under the leases of
--- slots $3 with tokens $4, one slot and token per row, where the slot still
+-- Mark published the rows @ids (stream entries @stream_ids) read under the leases of
+-- slots @slots with tokens @tokens, one slot and token per row, where the slot still
 -- carries that token. A relay that took the slot over carries another token:
 -- the stale relay's rows are left to it (the duplicates it published are
 -- skipped by consumers).
@@ -8,7 +8,7 @@ UPDATE outbox_messages o
        published_at = now(),
        stream_id = x.stream_id,
        last_error = NULL
-  FROM unnest($1::uuid[], $2::text[], $3::int[], $4::uuid[]) AS x(id, stream_id, slot, token)
+  FROM unnest(@ids::uuid[], @stream_ids::text[], @slots::int[], @tokens::uuid[]) AS x(id, stream_id, slot, token)
   JOIN outbox_relay_partitions s ON s.slot = x.slot AND s.token = x.token
  WHERE o.id = x.id
    AND o.status = 'pending'

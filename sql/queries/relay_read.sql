@@ -1,6 +1,6 @@
--- Read up to $1 publishable rows of the slots $3 (of $2 slots) that this
+-- Read up to @batch publishable rows of the slots @usable_slots (of @slots slots) that this
 -- relay leases (relay.Config.Ownership "partitions"; migration 0010), other
--- than the rows $4 (published, their mark still in flight). No
+-- than the rows @in_flight (published, their mark still in flight). No
 -- lock and no UPDATE: the lease makes these rows this relay's alone, and the
 -- mark is fenced by the lease's token instead (relay_mark_published_leased).
 --
@@ -19,8 +19,8 @@ SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
  WHERE o.unpublished
    AND o.status = 'pending'
    AND o.next_attempt_at <= now()
-   AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), $2) = ANY($3::int[])
-   AND o.seq NOT IN (SELECT unnest($4::bigint[]))
+   AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), @slots) = ANY(@usable_slots::int[])
+   AND o.seq NOT IN (SELECT unnest(@in_flight::bigint[]))
    AND NOT EXISTS (
        SELECT 1
          FROM outbox_messages p
@@ -30,4 +30,4 @@ SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
           AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
           AND p.seq < o.seq)
  ORDER BY o.seq
- LIMIT $1
+ LIMIT @batch

@@ -1,11 +1,11 @@
 -- Give back rows this claim still owns without counting an attempt: the broker
 -- was unavailable or the relay is shutting down. They become claimable again
--- after $3 milliseconds.
+-- after @after_ms milliseconds.
 UPDATE outbox_messages
    SET status = 'pending',
        claim_token = NULL,
-       last_error = $4,
-       next_attempt_at = now() + $3 * interval '1 millisecond'
- WHERE id = ANY($1::uuid[])
-   AND claim_token = $2
+       last_error = @reason,
+       next_attempt_at = now() + @after_ms * interval '1 millisecond'
+ WHERE id = ANY(@ids::uuid[])
+   AND claim_token = @token
    AND status = 'publishing'

@@ -1,3 +1,3 @@
 SELECT from_account, to_account, amount_cents, currency, settled_at
   FROM transfers
- WHERE id = $1
+ WHERE id = @id
