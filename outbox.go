@@ -172,9 +172,10 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		b        pgx.Batch
 		inserted []Written
 	)
-	b.Queue(outboxsql.OutboxLockPartitions, pgx.StrictNamedArgs{"lock_slots": lockSlots(aggTypes, aggIDs, parts)})
-	b.Queue(outboxsql.OutboxInsert, pgx.StrictNamedArgs{"ids": ids, "aggregate_types": aggTypes, "aggregate_ids": aggIDs,
-		"event_types": types, "payloads": payloads, "headers": headers, "partition_keys": parts}).Query(func(rows pgx.Rows) error {
+	lock := outboxsql.OutboxLockPartitions(lockSlots(aggTypes, aggIDs, parts))
+	insert := outboxsql.OutboxInsert(ids, aggTypes, aggIDs, types, payloads, headers, parts)
+	b.Queue(lock.SQL, lock.Args)
+	b.Queue(insert.SQL, insert.Args).Query(func(rows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(rows, pgx.RowToStructByName[Written])
 		return err

@@ -73,7 +73,7 @@ func BenchmarkRelayBatch(b *testing.B) {
 func benchRelayStep(b *testing.B, step string) {
 	ctx := context.Background()
 	st := &stepTimer{b: b, step: step, sql: map[string]string{
-		outboxsql.Positional(outboxsql.RelayClaim): "claim", outboxsql.Positional(outboxsql.RelayMarkPublished): "mark"}}
+		outboxsql.Positional(outboxsql.Query("relay_claim")): "claim", outboxsql.Positional(outboxsql.Query("relay_mark_published")): "mark"}}
 	cfg, err := pgxpool.ParseConfig(outboxtest.PostgresURL(b))
 	if err != nil {
 		b.Fatal(err)

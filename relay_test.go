@@ -29,8 +29,6 @@ import (
 	"github.com/tedbank/outbox/transfer"
 )
 
-func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.outbox.") }
-
 // fixture is one test's database, Redis key prefix and helpers
 // (internal/relaytest), with anti-fraud's on top.
 type fixture struct {

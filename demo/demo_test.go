@@ -10,8 +10,6 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
-
 // The demo's own checks pass against real servers, and it ends with its
 // summary line.
 func TestDemoChecksPass(t *testing.T) {

@@ -17,8 +17,6 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.fraud.") }
-
 func publish(t *testing.T, rdb outboxtest.Redis, stream, from string, cents int64, at time.Time) uuid.UUID {
 	t.Helper()
 	id, tid := uuid.New(), uuid.New()

@@ -33,30 +33,29 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	switch op {
 	case flagBusy:
-		b.Queue(r.qBusy)
+		queue(&b, outboxsql.RelayBusy())
 	case flagSleep:
-		b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+		queue(&b, outboxsql.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
 	if r.ownsPartitions() && (op != flagNone || r.state == saidBusy) {
 		// Writers are silent while any relay is busy, but this relay
 		// drains only its own slots: wake the others at every batch while
 		// busy, and when it says "sleep" (delivered at commit, after the
 		// writers that saw it busy: their rows may be in other slots).
-		b.Queue(outboxsql.RelayNotify, r.notifyArgs(r.wakePayload()))
+		queue(&b, r.notify(r.wakePayload()))
 	}
 	if prev != nil {
-		b.Queue(r.qMarkPublished, prev.args(r.ownsPartitions())).Exec(func(tag pgconn.CommandTag) error {
+		queue(&b, prev.statement(r.ownsPartitions())).Exec(func(tag pgconn.CommandTag) error {
 			marked = int(tag.RowsAffected())
 			return nil
 		})
 	}
 	b.Queue(indexedClaim)
-	args := pgx.StrictNamedArgs{"batch": r.cfg.BatchSize, "token": token, "relay": r.cfg.Name}
+	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name)
 	if r.ownsPartitions() {
-		args = pgx.StrictNamedArgs{"batch": r.cfg.BatchSize, "slots": r.leases.slots, "usable_slots": r.usableSlots(),
-			"in_flight": append([]int64{}, exclude...)}
+		read = outboxsql.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...))
 	}
-	b.Queue(r.qClaim, args).Query(func(rows pgx.Rows) error {
+	queue(&b, read).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByName[message])
 		return err
@@ -119,13 +118,25 @@ const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 
 // exec runs one relay write with asyncCommit, in one round trip.
-func (r *Relay) exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+func (r *Relay) exec(ctx context.Context, st outboxsql.Statement) (pgconn.CommandTag, error) {
 	var (
 		b   pgx.Batch
 		tag pgconn.CommandTag
 	)
 	queueRelayTx(&b)
-	b.Queue(sql, args...).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+	queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 	err := r.sendTx(ctx, &b)
 	return tag, err
+}
+
+// queue adds st to b.
+func queue(b *pgx.Batch, st outboxsql.Statement) *pgx.QueuedQuery { return b.Queue(st.SQL, st.Args) }
+
+// exec and queryRow run st in tx.
+func exec(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) (pgconn.CommandTag, error) {
+	return tx.Exec(ctx, st.SQL, st.Args)
+}
+
+func queryRow(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) pgx.Row {
+	return tx.QueryRow(ctx, st.SQL, st.Args)
 }

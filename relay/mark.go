@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // pendingMark is a published batch whose mark has not been sent yet: while
@@ -33,13 +35,13 @@ func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) 
 	m.tokens = append(m.tokens, l.token)
 }
 
-// args are relay_mark_published's arguments, or with partition leases
-// relay_mark_published_leased's.
-func (m *pendingMark) args(leased bool) pgx.StrictNamedArgs {
+// statement is m's mark: relay_mark_published, or with partition leases
+// relay_mark_published_leased.
+func (m *pendingMark) statement(leased bool) outboxsql.Statement {
 	if leased {
-		return pgx.StrictNamedArgs{"ids": m.ids, "stream_ids": m.streamIDs, "slots": m.slots, "tokens": m.tokens}
+		return outboxsql.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
 	}
-	return pgx.StrictNamedArgs{"ids": m.ids, "stream_ids": m.streamIDs, "token": m.token}
+	return outboxsql.RelayMarkPublished(m.ids, m.streamIDs, m.token)
 }
 
 // failedRow is a row relay_mark_failed updated.
@@ -61,15 +63,13 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	var (
 		b    pgx.Batch
 		rows []failedRow
-		args = pgx.StrictNamedArgs{"ids": f.ids, "errors": f.streamIDs, "backoffs_ms": delays, "token": f.token,
-			"max_attempts": r.cfg.MaxAttempts}
+		mark = outboxsql.RelayMarkFailed(f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts)
 	)
 	if r.ownsPartitions() {
-		args = pgx.StrictNamedArgs{"ids": f.ids, "errors": f.streamIDs, "backoffs_ms": delays, "slots": f.slots,
-			"tokens": f.tokens, "max_attempts": r.cfg.MaxAttempts}
+		mark = outboxsql.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts)
 	}
 	queueRelayTx(&b)
-	b.Queue(r.qMarkFailed, args).Query(func(rs pgx.Rows) error {
+	queue(&b, mark).Query(func(rs pgx.Rows) error {
 		var err error
 		rows, err = pgx.CollectRows(rs, pgx.RowToStructByName[failedRow])
 		return err
@@ -91,7 +91,7 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.exec(ctx, r.qMarkPublished, m.args(r.ownsPartitions()))
+	tag, err := r.exec(ctx, m.statement(r.ownsPartitions()))
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}
@@ -120,7 +120,7 @@ func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, a
 	if cause != nil {
 		reason = truncate("released: "+cause.Error(), 1000)
 	}
-	tag, err := r.exec(ctx, r.qRelease, pgx.StrictNamedArgs{"ids": ids, "token": token, "after_ms": after.Milliseconds(), "reason": reason})
+	tag, err := r.exec(ctx, outboxsql.RelayRelease(ids, token, after.Milliseconds(), reason))
 	if err != nil {
 		return 0, fmt.Errorf("release %d rows: %w", len(ids), err)
 	}

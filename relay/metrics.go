@@ -166,7 +166,7 @@ func (m *Metrics) listen(up bool) {
 // however many published rows the table holds.
 type OutboxCollector struct {
 	pool   *pgxpool.Pool
-	query  string
+	query  outboxsql.Statement
 	rows   *prometheus.Desc
 	oldest *prometheus.Desc
 	retry  *prometheus.Desc
@@ -177,7 +177,7 @@ type OutboxCollector struct {
 func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 	return &OutboxCollector{
 		pool:  pool,
-		query: outboxsql.MetricsOutbox,
+		query: outboxsql.MetricsOutbox(),
 		rows: prometheus.NewDesc("outbox_messages", "Outbox rows per status (published rows are not counted).",
 			[]string{"status"}, nil),
 		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
@@ -202,7 +202,7 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	var pending, publishing, dead, retrying int64
 	var oldest float64
-	err := c.pool.QueryRow(ctx, c.query).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	err := c.pool.QueryRow(ctx, c.query.SQL, c.query.Args).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return

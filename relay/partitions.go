@@ -73,12 +73,12 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew, pgx.StrictNamedArgs{"relay": l.owner, "lease_ms": leaseMS, "rotate": !l.renewed})
+	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew(l.owner, leaseMS, !l.renewed))
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	var slots, relays int
-	if err := tx.QueryRow(ctx, outboxsql.RelayLeaseShare).Scan(&slots, &relays); err != nil {
+	if err := queryRow(ctx, tx, outboxsql.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
 		return false, fmt.Errorf("partition lease share: %w", err)
 	}
 	share := (slots + max(relays, 1) - 1) / max(relays, 1)
@@ -90,16 +90,16 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 			released = append(released, h.Slot)
 		}
 		held = held[:share]
-		if _, err := tx.Exec(ctx, outboxsql.RelayLeaseRelease, pgx.StrictNamedArgs{"relay": l.owner, "slots": released}); err != nil {
+		if _, err := exec(ctx, tx, outboxsql.RelayLeaseRelease(l.owner, released)); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
 		}
-		if _, err := tx.Exec(ctx, outboxsql.RelayNotify, r.notifyArgs(r.freedPayload())); err != nil {
+		if _, err := exec(ctx, tx, r.notify(r.freedPayload())); err != nil {
 			return false, fmt.Errorf("announce released partition leases: %w", err)
 		}
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire, pgx.StrictNamedArgs{"relay": l.owner, "lease_ms": leaseMS, "count": share - len(held)})
+		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire(l.owner, leaseMS, share-len(held)))
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -137,8 +137,8 @@ type heldSlot struct {
 	Token uuid.UUID
 }
 
-func collectLeases(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]heldSlot, error) {
-	rows, err := tx.Query(ctx, sql, args...)
+func collectLeases(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) ([]heldSlot, error) {
+	rows, err := tx.Query(ctx, st.SQL, st.Args)
 	if err != nil {
 		return nil, err
 	}
@@ -211,9 +211,9 @@ func (r *Relay) leaveLeases() {
 		slots = append(slots, s)
 	}
 	var b pgx.Batch
-	b.Queue(outboxsql.RelayLeaseRelease, pgx.StrictNamedArgs{"relay": r.leases.owner, "slots": slots})
-	b.Queue(outboxsql.RelayLeaseLeave, pgx.StrictNamedArgs{"relay": r.leases.owner})
-	b.Queue(outboxsql.RelayNotify, r.notifyArgs(r.freedPayload()))
+	queue(&b, outboxsql.RelayLeaseRelease(r.leases.owner, slots))
+	queue(&b, outboxsql.RelayLeaseLeave(r.leases.owner))
+	queue(&b, r.notify(r.freedPayload()))
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
 			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
@@ -248,7 +248,7 @@ func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
 
 const slotsFreedPrefix = "relay-slots-freed:"
 
-// notifyArgs are relay_notify's arguments: this relay's channel, payload.
-func (r *Relay) notifyArgs(payload string) pgx.StrictNamedArgs {
-	return pgx.StrictNamedArgs{"channel": r.cfg.Channel, "payload": payload}
+// notify is a NOTIFY on this relay's channel.
+func (r *Relay) notify(payload string) outboxsql.Statement {
+	return outboxsql.RelayNotify(r.cfg.Channel, payload)
 }

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Reap returns expired claims to pending and reports how many it returned.
@@ -16,8 +16,7 @@ func (r *Relay) Reap(ctx context.Context) (int, error) {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, r.qReap, pgx.StrictNamedArgs{"lease_ms": r.cfg.Lease.Milliseconds(), "batch": r.cfg.BatchSize,
-			"max_attempts": r.cfg.MaxAttempts})
+		tag, err := r.exec(sctx, outboxsql.RelayReap(r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)

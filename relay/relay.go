@@ -37,7 +37,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/tracing"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 var tracer = tracing.Tracer("github.com/tedbank/outbox/relay")
@@ -70,9 +69,6 @@ type Relay struct {
 
 	streamsMu sync.Mutex
 	streams   map[string]bool // streams published to, for trimming
-
-	qClaim, qMarkPublished, qMarkFailed, qRelease, qReap string
-	qBusy, qSleep                                        string
 
 	// leases: the partition slots this relay holds, with Config.Ownership
 	// OwnPartitions (partitions.go). Owned by drainLoop.
@@ -140,30 +136,18 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		listenCfg.RuntimeParams["application_name"] = app + "-listen"
 	}
 	r := &Relay{
-		cfg:            cfg,
-		pool:           pool,
-		rdb:            rdb,
-		log:            cfg.Logger.With(slog.String("relay", cfg.Name)),
-		listenCfg:      listenCfg,
-		wake:           make(chan struct{}, 1),
-		qClaim:         outboxsql.RelayClaim,
-		qMarkPublished: outboxsql.RelayMarkPublished,
-		qMarkFailed:    outboxsql.RelayMarkFailed,
-		qRelease:       outboxsql.RelayRelease,
-		qReap:          outboxsql.RelayReap,
-		qBusy:          outboxsql.RelayBusy,
-		qSleep:         outboxsql.RelaySleep,
-		listenNow:      make(chan struct{}, 1),
+		cfg:       cfg,
+		pool:      pool,
+		rdb:       rdb,
+		log:       cfg.Logger.With(slog.String("relay", cfg.Name)),
+		listenCfg: listenCfg,
+		wake:      make(chan struct{}, 1),
+		listenNow: make(chan struct{}, 1),
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
 		state:  unsure,
 		leases: leases{owner: cfg.Name},
-	}
-	if r.ownsPartitions() {
-		r.qClaim = outboxsql.RelayRead
-		r.qMarkPublished = outboxsql.RelayMarkPublishedLeased
-		r.qMarkFailed = outboxsql.RelayMarkFailedLeased
 	}
 	return r, nil
 }

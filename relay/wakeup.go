@@ -185,8 +185,8 @@ func (r *Relay) sleepOnExit() {
 func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
 	var b pgx.Batch
 	queueRelayTx(&b)
-	b.Queue(r.qSleep).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
-	b.Queue(outboxsql.RelayNotify, r.notifyArgs(""))
+	queue(&b, outboxsql.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	queue(&b, r.notify(""))
 	if err := r.sendTx(ctx, &b); err != nil {
 		return false, err
 	}

@@ -162,8 +162,8 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	t.Currency = t.currency()
 	res := Result{TransferID: t.ID}
 
-	err := tx.QueryRow(ctx, outboxsql.TransferInsert, pgx.StrictNamedArgs{"id": t.ID, "from_account": t.FromAccount,
-		"to_account": t.ToAccount, "amount_cents": t.AmountCents, "currency": t.Currency}).Scan(&res.SettledAt)
+	q := outboxsql.TransferInsert(t.ID, t.FromAccount, t.ToAccount, t.AmountCents, t.Currency)
+	err := tx.QueryRow(ctx, q.SQL, q.Args).Scan(&res.SettledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return alreadySettled(ctx, tx, t)
 	}
@@ -210,7 +210,8 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 func alreadySettled(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	var prev Transfer
 	var settledAt time.Time
-	err := tx.QueryRow(ctx, outboxsql.TransferGet, pgx.StrictNamedArgs{"id": t.ID}).
+	q := outboxsql.TransferGet(t.ID)
+	err := tx.QueryRow(ctx, q.SQL, q.Args).
 		Scan(&prev.FromAccount, &prev.ToAccount, &prev.AmountCents, &prev.Currency, &settledAt)
 	if err != nil {
 		return Result{}, fmt.Errorf("read settled transfer %s: %w", t.ID, err)

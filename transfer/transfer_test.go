@@ -15,8 +15,6 @@ import (
 	"github.com/tedbank/outbox/transfer/settled"
 )
 
-func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.transfer.") }
-
 func counts(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) (transfers, events int) {
 	t.Helper()
 	err := pool.QueryRow(context.Background(), `SELECT

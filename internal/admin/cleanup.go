@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outboxsql "github.com/tedbank/outbox/sql"
@@ -52,17 +51,18 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 	if opt.BatchSize == 0 {
 		opt.BatchSize = DefaultCleanupBatch
 	}
-	if err := pool.QueryRow(ctx, outboxsql.AdminCleanupCutoff, pgx.StrictNamedArgs{"older_than_us": opt.OlderThan.Microseconds()}).Scan(&res.Cutoff); err != nil {
+	cutoff := outboxsql.AdminCleanupCutoff(opt.OlderThan.Microseconds())
+	if err := pool.QueryRow(ctx, cutoff.SQL, cutoff.Args).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("cleanup: read the database clock: %w", err)
 	}
-	q := outboxsql.AdminCleanup
 	var after int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("cleanup stopped after %d rows: %w", res.Deleted, err)
 		}
 		var n int64
-		if err := pool.QueryRow(ctx, q, pgx.StrictNamedArgs{"before": res.Cutoff, "after_seq": after, "batch": int64(opt.BatchSize)}).Scan(&n, &after); err != nil {
+		q := outboxsql.AdminCleanup(res.Cutoff, after, int64(opt.BatchSize))
+		if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&n, &after); err != nil {
 			return res, fmt.Errorf("cleanup: delete batch %d (after %d rows): %w", res.Batches+1, res.Deleted, err)
 		}
 		res.Deleted += n

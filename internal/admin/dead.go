@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	outboxsql "github.com/tedbank/outbox/sql"
@@ -36,7 +35,8 @@ func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []Dead
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
-	rows, err := pool.Query(ctx, outboxsql.AdminDeadList, pgx.StrictNamedArgs{"max_rows": int64(limit)})
+	q := outboxsql.AdminDeadList(int64(limit))
+	rows, err := pool.Query(ctx, q.SQL, q.Args)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)
 	}
@@ -96,7 +96,8 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 	if len(uniq) == 0 {
 		return res, nil
 	}
-	rows, err := pool.Query(ctx, outboxsql.AdminDeadRetry, pgx.StrictNamedArgs{"ids": uniq})
+	q := outboxsql.AdminDeadRetry(uniq)
+	rows, err := pool.Query(ctx, q.SQL, q.Args)
 	if err != nil {
 		return res, fmt.Errorf("requeue dead events: %w", err)
 	}
@@ -137,11 +138,11 @@ func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, er
 	if batch <= 0 {
 		batch = DefaultRetryBatch
 	}
-	q := outboxsql.AdminDeadRetryAll
 	var total, after int64
 	for {
 		var n int64
-		if err := pool.QueryRow(ctx, q, pgx.StrictNamedArgs{"after_seq": after, "batch": int64(batch)}).Scan(&n, &after); err != nil {
+		q := outboxsql.AdminDeadRetryAll(after, int64(batch))
+		if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&n, &after); err != nil {
 			return total, fmt.Errorf("requeue dead events (after %d requeued): %w", total, err)
 		}
 		total += n

@@ -14,8 +14,6 @@ import (
 	"github.com/tedbank/outbox/relay"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
-
 // insert writes a pending outbox row and returns its id.
 func insert(t *testing.T, pool *pgxpool.Pool, aggType, aggID string) uuid.UUID {
 	t.Helper()

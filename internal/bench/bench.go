@@ -170,11 +170,10 @@ func (s *space) backlog(ctx context.Context) (int64, error) {
 	var pending, publishing, dead int64
 	var oldest float64
 	var retrying int
-	err := s.pool.QueryRow(ctx, qMetrics).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	q := outboxsql.MetricsOutbox()
+	err := s.pool.QueryRow(ctx, q.SQL, q.Args).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	return pending + publishing, err
 }
-
-var qMetrics = outboxsql.MetricsOutbox
 
 // warm opens n pool connections before a timed phase, so that connecting is
 // not measured.

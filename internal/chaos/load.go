@@ -225,7 +225,8 @@ func (r *run) outboxCounts(ctx context.Context) (pending, publishing, published,
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var oldest float64
-	err = r.mon.QueryRow(ctx, outboxsql.Status).Scan(&pending, &publishing, &published, &dead, &oldest)
+	q := outboxsql.Status()
+	err = r.mon.QueryRow(ctx, q.SQL, q.Args).Scan(&pending, &publishing, &published, &dead, &oldest)
 	return
 }
 

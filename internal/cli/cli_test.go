@@ -16,8 +16,6 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
-
 func run(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer

@@ -164,15 +164,18 @@ func printStatus(w io.Writer, st Status) {
 }
 
 func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
-	err := pool.QueryRow(ctx, outboxsql.Status).
+	q := outboxsql.Status()
+	err := pool.QueryRow(ctx, q.SQL, q.Args).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
 	}
-	if err := pool.QueryRow(ctx, outboxsql.StatusListeningRelays).Scan(&st.ListeningRelays); err != nil {
+	q = outboxsql.StatusListeningRelays()
+	if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
 	}
-	rows, err := pool.Query(ctx, outboxsql.StatusRelaySlots)
+	q = outboxsql.StatusRelaySlots()
+	rows, err := pool.Query(ctx, q.SQL, q.Args)
 	if err != nil {
 		return fmt.Errorf("read relay partition slots: %w", err)
 	}

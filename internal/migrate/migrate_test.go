@@ -14,8 +14,6 @@ import (
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
-func TestMain(m *testing.M) { outboxtest.Main(m) }
-
 func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
 	// Start from an empty database and race four runs.
 	url := outboxtest.PostgresURL(t)

@@ -171,7 +171,8 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		pending = pending[:0]
 		return err
 	}
-	rows, err := pool.Query(ctx, outboxsql.ReconcileEvents, pgx.StrictNamedArgs{"since": opt.Since})
+	q := outboxsql.ReconcileEvents(opt.Since)
+	rows, err := pool.Query(ctx, q.SQL, q.Args)
 	if err != nil {
 		return rep, fmt.Errorf("read transfers and events: %w", err)
 	}
@@ -302,7 +303,8 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 	for try := 1; len(senders) > 0 && try <= totalsTries; try++ {
 		diffs = diffs[:0]
 		byAccount := map[string][]transferAmount{}
-		rows, err := pool.Query(ctx, outboxsql.ReconcileSenderTransfers, pgx.StrictNamedArgs{"senders": senders})
+		q := outboxsql.ReconcileSenderTransfers(senders)
+		rows, err := pool.Query(ctx, q.SQL, q.Args)
 		if err != nil {
 			return nil, fmt.Errorf("read senders' transfers: %w", err)
 		}

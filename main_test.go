@@ -1,0 +1,11 @@
+package outbox_test
+
+import (
+	"testing"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+// The end-to-end tests and the examples run on a real PostgreSQL and a real
+// Redis (internal/outboxtest finds or starts them; never a mock).
+func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.outbox.") }
