@@ -14,12 +14,10 @@ package outbox_test
 import (
 	"encoding/json"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
@@ -276,93 +274,6 @@ func TestCrashAfterEffectBeforeAckAppliesEffectOnce(t *testing.T) {
 	f.checkEffectsOnce(teds)
 }
 
-// Entries a dead consumer read but never acknowledged are claimed by a live
-// one after ClaimMinIdle and applied once.
-func TestDeadConsumersEntriesAreClaimed(t *testing.T) {
-	f := newFixture(t)
-	teds := f.Settle(10)
-	if _, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil {
-		t.Fatal(err)
-	}
-	// It holds the stream's partition: another consumer takes it over once
-	// the lease expires.
-	f.RunUntilKilled(f.OutboxCmd("fraud.after-read", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(), "--consumer", "dead",
-		"--block", "100ms", "--partition-lease", "1s"))
-	if rep := f.report(); rep.Verdicts != 0 {
-		t.Fatalf("verdicts %d, want 0 (died before the effect)", rep.Verdicts)
-	}
-	f.Run(f.consumer("alive", func(c *fraud.Config) { c.ClaimMinIdle = 300 * time.Millisecond }).Run)
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 10 }, "dead consumer's entries not claimed")
-	pend, err := f.Redis.XPendingExt(f.Ctx, &redis.XPendingExtArgs{Stream: f.Stream(), Group: fraud.DefaultGroup, Start: "-", End: "+", Count: 100}).Result()
-	if err != nil || len(pend) != 0 {
-		t.Fatalf("pending after claim: %v (err %v)", pend, err)
-	}
-	f.checkEffectsOnce(teds)
-}
-
-// The same event delivered twice, also to two consumers at once, has one
-// effect.
-func TestDuplicateDeliveryAppliesEffectOnce(t *testing.T) {
-	f := newFixture(t)
-	teds := f.Settle(20)
-	// Publish every event three times (three relays that each believe they own it).
-	for range 3 {
-		if _, err := f.Pool.Exec(f.Ctx, "UPDATE outbox_messages SET status = 'pending', claim_token = NULL, published_at = NULL"); err != nil {
-			t.Fatal(err)
-		}
-		if res, err := f.NewRelay(f.RowsRelayConfig("r"), nil).DrainBatch(f.Ctx); err != nil || res.Published != 20 {
-			t.Fatalf("publish: %+v %v", res, err)
-		}
-	}
-	f.Run(f.consumer("c1", nil).Run)
-	f.Run(f.consumer("c2", nil).Run)
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		rep := f.report()
-		return rep.Verdicts+rep.DuplicatesSkipped == 60
-	}, "not every delivery was handled")
-	if rep := f.report(); rep.DuplicatesSkipped != 40 {
-		t.Fatalf("duplicates skipped %d, want 40", rep.DuplicatesSkipped)
-	}
-	f.checkEffectsOnce(teds)
-}
-
-// Entries anti-fraud cannot use go to the dead-letter stream after
-// MaxDeliveries, acknowledged; valid events keep flowing.
-func TestPoisonEntriesAreDeadLettered(t *testing.T) {
-	f := newFixture(t)
-	teds := f.Settle(3)
-	bad := [][]any{
-		{"event_id", uuid.NewString(), "event_type", "transfer.settled", "payload", "not json"},
-		{"event_id", uuid.NewString(), "event_type", "transfer.settled", "payload", `{"amount_cents":"ten"}`},
-		{"event_id", uuid.NewString(), "event_type", "transfer.reversed", "payload", `{}`},
-		{"payload", `{}`},
-	}
-	for _, v := range bad {
-		if err := f.Redis.XAdd(f.Ctx, &redis.XAddArgs{Stream: f.Stream(), Values: v}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil {
-		t.Fatal(err)
-	}
-	c := f.consumer("c1", func(c *fraud.Config) { c.MaxDeliveries = 3; c.ClaimMinIdle = 50 * time.Millisecond })
-	f.Run(c.Run)
-	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().DeadLettered == 4 }, "poison entries not dead-lettered")
-	dlq, err := f.Redis.XRange(f.Ctx, f.keyPrefix()+"dlq", "-", "+").Result()
-	if err != nil || len(dlq) != 4 {
-		t.Fatalf("dead-letter stream holds %d entries (err %v), want 4", len(dlq), err)
-	}
-	for _, m := range dlq {
-		if d, _ := strconv.Atoi(m.Values["dlq_deliveries"].(string)); d < 3 || m.Values["dlq_reason"] == "" {
-			t.Fatalf("dead letter %v: want deliveries >= 3 and a reason", m.Values)
-		}
-	}
-	if pending, _ := f.Redis.XPending(f.Ctx, f.Stream(), fraud.DefaultGroup).Result(); pending.Count != 0 {
-		t.Fatalf("%d entries still pending", pending.Count)
-	}
-	f.checkEffectsOnce(teds)
-}
-
 // --- End to end through the real binary ---------------------------------------
 
 // Every settled TED reaches anti-fraud through the real commands, and the
@@ -447,38 +358,6 @@ func TestEndToEndWithCommands(t *testing.T) {
 			t.Fatalf("%s ignored SIGTERM for 10s", name)
 		}
 	}
-}
-
-// An effect that fails for a reason that is not the entry's (here a key of
-// the wrong type, as a stand-in for Redis refusing writes) is retried however
-// often the entry is delivered, never dead-lettered, and applied once when
-// the fault clears.
-func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
-	f := newFixture(t)
-	teds := f.Settle(5)
-	if _, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil {
-		t.Fatal(err)
-	}
-	alerts := f.keyPrefix() + "alerts"
-	if err := f.Redis.Set(f.Ctx, alerts, "in the way", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := f.consumer("c1", func(c *fraud.Config) {
-		c.MaxDeliveries, c.ClaimMinIdle, c.ClaimInterval = 2, 20*time.Millisecond, 20*time.Millisecond
-	})
-	f.Run(c.Run)
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		pend, err := f.Redis.XPendingExt(f.Ctx, &redis.XPendingExtArgs{Stream: f.Stream(), Group: fraud.DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
-		return err == nil && len(pend) == 5 && pend[0].RetryCount > 3
-	}, "entries were not redelivered past MaxDeliveries")
-	if rep := f.report(); rep.DeadLettered != 0 || rep.Verdicts != 0 {
-		t.Fatalf("report %+v: a transient failure dead-lettered or half-applied entries", rep)
-	}
-	if err := f.Redis.Del(f.Ctx, alerts).Err(); err != nil {
-		t.Fatal(err)
-	}
-	outboxtest.Eventually(t, 15*time.Second, func() bool { return f.report().Verdicts == 5 }, "entries not applied after the fault cleared")
-	f.checkEffectsOnce(teds)
 }
 
 // Trimming caps the stream but never removes an entry a consumer group has
