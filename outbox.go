@@ -174,8 +174,8 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 	)
 	lock := outboxsql.OutboxLockPartitions(lockSlots(aggTypes, aggIDs, parts))
 	insert := outboxsql.OutboxInsert(ids, aggTypes, aggIDs, types, payloads, headers, parts)
-	b.Queue(lock.SQL, lock.Args)
-	b.Queue(insert.SQL, insert.Args).Query(func(rows pgx.Rows) error {
+	b.Queue(lock.SQL, lock.Args...)
+	b.Queue(insert.SQL, insert.Args...).Query(func(rows pgx.Rows) error {
 		var err error
 		inserted, err = pgx.CollectRows(rows, pgx.RowToStructByName[Written])
 		return err

@@ -130,13 +130,13 @@ func (r *Relay) exec(ctx context.Context, st outboxsql.Statement) (pgconn.Comman
 }
 
 // queue adds st to b.
-func queue(b *pgx.Batch, st outboxsql.Statement) *pgx.QueuedQuery { return b.Queue(st.SQL, st.Args) }
+func queue(b *pgx.Batch, st outboxsql.Statement) *pgx.QueuedQuery { return b.Queue(st.SQL, st.Args...) }
 
-// exec and queryRow run st in tx.
-func exec(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) (pgconn.CommandTag, error) {
-	return tx.Exec(ctx, st.SQL, st.Args)
+// execIn and queryRowIn run st in tx.
+func execIn(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) (pgconn.CommandTag, error) {
+	return tx.Exec(ctx, st.SQL, st.Args...)
 }
 
-func queryRow(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) pgx.Row {
-	return tx.QueryRow(ctx, st.SQL, st.Args)
+func queryRowIn(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) pgx.Row {
+	return tx.QueryRow(ctx, st.SQL, st.Args...)
 }

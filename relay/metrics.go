@@ -202,7 +202,7 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	var pending, publishing, dead, retrying int64
 	var oldest float64
-	err := c.pool.QueryRow(ctx, c.query.SQL, c.query.Args).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	err := c.pool.QueryRow(ctx, c.query.SQL, c.query.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return

@@ -78,7 +78,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	var slots, relays int
-	if err := queryRow(ctx, tx, outboxsql.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
+	if err := queryRowIn(ctx, tx, outboxsql.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
 		return false, fmt.Errorf("partition lease share: %w", err)
 	}
 	share := (slots + max(relays, 1) - 1) / max(relays, 1)
@@ -90,10 +90,10 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 			released = append(released, h.Slot)
 		}
 		held = held[:share]
-		if _, err := exec(ctx, tx, outboxsql.RelayLeaseRelease(l.owner, released)); err != nil {
+		if _, err := execIn(ctx, tx, outboxsql.RelayLeaseRelease(l.owner, released)); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
 		}
-		if _, err := exec(ctx, tx, r.notify(r.freedPayload())); err != nil {
+		if _, err := execIn(ctx, tx, r.notify(r.freedPayload())); err != nil {
 			return false, fmt.Errorf("announce released partition leases: %w", err)
 		}
 	}
@@ -138,7 +138,7 @@ type heldSlot struct {
 }
 
 func collectLeases(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) ([]heldSlot, error) {
-	rows, err := tx.Query(ctx, st.SQL, st.Args)
+	rows, err := tx.Query(ctx, st.SQL, st.Args...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,207 +4,206 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
-// A Statement is one query of queries/ with its arguments, for Exec, Query,
-// QueryRow or a pgx.Batch: pool.Exec(ctx, s.SQL, s.Args). The functions
-// below build one per query, with the query's named parameters (@name) as
-// typed Go parameters; Args are pgx.StrictNamedArgs, so a parameter missing
-// from the SQL or the SQL's that was not given fails the statement.
+// A Statement is one query of queries/ with its arguments in order, for
+// Exec, Query, QueryRow or a pgx.Batch: pool.Exec(ctx, s.SQL, s.Args...).
+// The functions below build one per query, with the query's named
+// parameters (@name) as typed Go parameters.
 type Statement struct {
 	SQL  string
-	Args pgx.StrictNamedArgs
+	Args []any
 }
 
-// The query texts, read when the package is initialized: a missing file
-// stops the program at start, before any work. Each file's comment says what
-// the query does and what its parameters are.
+// The queries, read and rewritten to positional parameters when the package
+// is initialized (prepare): a missing file, or a parameter the SQL and its
+// function do not agree on, stops the program at start, before any work.
+// Each file's comment says what the query does and what its parameters are.
 var (
-	adminCleanupSQL             = load("admin_cleanup")
-	adminCleanupCutoffSQL       = load("admin_cleanup_cutoff")
-	adminDeadListSQL            = load("admin_dead_list")
-	adminDeadRetrySQL           = load("admin_dead_retry")
-	adminDeadRetryAllSQL        = load("admin_dead_retry_all")
-	metricsOutboxSQL            = load("metrics_outbox")
-	outboxInsertSQL             = load("outbox_insert")
-	outboxLockPartitionsSQL     = load("outbox_lock_partitions")
-	reconcileEventsSQL          = load("reconcile_events")
-	reconcileSenderTransfersSQL = load("reconcile_sender_transfers")
-	relayBusySQL                = load("relay_busy")
-	relayClaimSQL               = load("relay_claim")
-	relayLeaseAcquireSQL        = load("relay_lease_acquire")
-	relayLeaseLeaveSQL          = load("relay_lease_leave")
-	relayLeaseReleaseSQL        = load("relay_lease_release")
-	relayLeaseRenewSQL          = load("relay_lease_renew")
-	relayLeaseShareSQL          = load("relay_lease_share")
-	relayMarkFailedSQL          = load("relay_mark_failed")
-	relayMarkFailedLeasedSQL    = load("relay_mark_failed_leased")
-	relayMarkPublishedSQL       = load("relay_mark_published")
-	relayMarkPublishedLeasedSQL = load("relay_mark_published_leased")
-	relayNotifySQL              = load("relay_notify")
-	relayReadSQL                = load("relay_read")
-	relayReapSQL                = load("relay_reap")
-	relayReleaseSQL             = load("relay_release")
-	relaySleepSQL               = load("relay_sleep")
-	statusSQL                   = load("status")
-	statusListeningRelaysSQL    = load("status_listening_relays")
-	statusRelaySlotsSQL         = load("status_relay_slots")
-	transferGetSQL              = load("transfer_get")
-	transferInsertSQL           = load("transfer_insert")
+	adminCleanup             = prepare("admin_cleanup", "before", "after_seq", "batch")
+	adminCleanupCutoff       = prepare("admin_cleanup_cutoff", "older_than_us")
+	adminDeadList            = prepare("admin_dead_list", "max_rows")
+	adminDeadRetry           = prepare("admin_dead_retry", "ids")
+	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
+	metricsOutbox            = prepare("metrics_outbox")
+	outboxInsert             = prepare("outbox_insert", "ids", "aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "partition_keys")
+	outboxLockPartitions     = prepare("outbox_lock_partitions", "lock_slots")
+	reconcileEvents          = prepare("reconcile_events", "since")
+	reconcileSenderTransfers = prepare("reconcile_sender_transfers", "senders")
+	relayBusy                = prepare("relay_busy")
+	relayClaim               = prepare("relay_claim", "batch", "token", "relay")
+	relayLeaseAcquire        = prepare("relay_lease_acquire", "relay", "lease_ms", "count")
+	relayLeaseLeave          = prepare("relay_lease_leave", "relay")
+	relayLeaseRelease        = prepare("relay_lease_release", "relay", "slots")
+	relayLeaseRenew          = prepare("relay_lease_renew", "relay", "lease_ms", "rotate")
+	relayLeaseShare          = prepare("relay_lease_share")
+	relayMarkFailed          = prepare("relay_mark_failed", "ids", "errors", "backoffs_ms", "token", "max_attempts")
+	relayMarkFailedLeased    = prepare("relay_mark_failed_leased", "ids", "errors", "backoffs_ms", "slots", "tokens", "max_attempts")
+	relayMarkPublished       = prepare("relay_mark_published", "ids", "stream_ids", "token")
+	relayMarkPublishedLeased = prepare("relay_mark_published_leased", "ids", "stream_ids", "slots", "tokens")
+	relayNotify              = prepare("relay_notify", "channel", "payload")
+	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight")
+	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
+	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
+	relaySleep               = prepare("relay_sleep")
+	status                   = prepare("status")
+	statusListeningRelays    = prepare("status_listening_relays")
+	statusRelaySlots         = prepare("status_relay_slots")
+	transferGet              = prepare("transfer_get", "id")
+	transferInsert           = prepare("transfer_insert", "id", "from_account", "to_account", "amount_cents", "currency")
 )
 
 // AdminCleanup is queries/admin_cleanup.sql.
 func AdminCleanup(before time.Time, afterSeq int64, batch int64) Statement {
-	return Statement{adminCleanupSQL, pgx.StrictNamedArgs{"before": before, "after_seq": afterSeq, "batch": batch}}
+	return adminCleanup.with(before, afterSeq, batch)
 }
 
 // AdminCleanupCutoff is queries/admin_cleanup_cutoff.sql.
 func AdminCleanupCutoff(olderThanUS int64) Statement {
-	return Statement{adminCleanupCutoffSQL, pgx.StrictNamedArgs{"older_than_us": olderThanUS}}
+	return adminCleanupCutoff.with(olderThanUS)
 }
 
 // AdminDeadList is queries/admin_dead_list.sql.
 func AdminDeadList(maxRows int64) Statement {
-	return Statement{adminDeadListSQL, pgx.StrictNamedArgs{"max_rows": maxRows}}
+	return adminDeadList.with(maxRows)
 }
 
 // AdminDeadRetry is queries/admin_dead_retry.sql.
 func AdminDeadRetry(ids []uuid.UUID) Statement {
-	return Statement{adminDeadRetrySQL, pgx.StrictNamedArgs{"ids": ids}}
+	return adminDeadRetry.with(ids)
 }
 
 // AdminDeadRetryAll is queries/admin_dead_retry_all.sql.
 func AdminDeadRetryAll(afterSeq int64, batch int64) Statement {
-	return Statement{adminDeadRetryAllSQL, pgx.StrictNamedArgs{"after_seq": afterSeq, "batch": batch}}
+	return adminDeadRetryAll.with(afterSeq, batch)
 }
 
 // MetricsOutbox is queries/metrics_outbox.sql.
 func MetricsOutbox() Statement {
-	return Statement{metricsOutboxSQL, nil}
+	return metricsOutbox.with()
 }
 
 // OutboxInsert is queries/outbox_insert.sql.
 func OutboxInsert(ids []uuid.UUID, aggregateTypes []string, aggregateIDs []string, eventTypes []string, payloads []string, headers []string, partitionKeys []string) Statement {
-	return Statement{outboxInsertSQL, pgx.StrictNamedArgs{"ids": ids, "aggregate_types": aggregateTypes, "aggregate_ids": aggregateIDs, "event_types": eventTypes, "payloads": payloads, "headers": headers, "partition_keys": partitionKeys}}
+	return outboxInsert.with(ids, aggregateTypes, aggregateIDs, eventTypes, payloads, headers, partitionKeys)
 }
 
 // OutboxLockPartitions is queries/outbox_lock_partitions.sql.
 func OutboxLockPartitions(lockSlots []int32) Statement {
-	return Statement{outboxLockPartitionsSQL, pgx.StrictNamedArgs{"lock_slots": lockSlots}}
+	return outboxLockPartitions.with(lockSlots)
 }
 
 // ReconcileEvents is queries/reconcile_events.sql.
 func ReconcileEvents(since time.Time) Statement {
-	return Statement{reconcileEventsSQL, pgx.StrictNamedArgs{"since": since}}
+	return reconcileEvents.with(since)
 }
 
 // ReconcileSenderTransfers is queries/reconcile_sender_transfers.sql.
 func ReconcileSenderTransfers(senders []string) Statement {
-	return Statement{reconcileSenderTransfersSQL, pgx.StrictNamedArgs{"senders": senders}}
+	return reconcileSenderTransfers.with(senders)
 }
 
 // RelayBusy is queries/relay_busy.sql.
 func RelayBusy() Statement {
-	return Statement{relayBusySQL, nil}
+	return relayBusy.with()
 }
 
 // RelayClaim is queries/relay_claim.sql.
 func RelayClaim(batch int, token uuid.UUID, relay string) Statement {
-	return Statement{relayClaimSQL, pgx.StrictNamedArgs{"batch": batch, "token": token, "relay": relay}}
+	return relayClaim.with(batch, token, relay)
 }
 
 // RelayLeaseAcquire is queries/relay_lease_acquire.sql.
 func RelayLeaseAcquire(relay string, leaseMS int64, n int) Statement {
-	return Statement{relayLeaseAcquireSQL, pgx.StrictNamedArgs{"relay": relay, "lease_ms": leaseMS, "count": n}}
+	return relayLeaseAcquire.with(relay, leaseMS, n)
 }
 
 // RelayLeaseLeave is queries/relay_lease_leave.sql.
 func RelayLeaseLeave(relay string) Statement {
-	return Statement{relayLeaseLeaveSQL, pgx.StrictNamedArgs{"relay": relay}}
+	return relayLeaseLeave.with(relay)
 }
 
 // RelayLeaseRelease is queries/relay_lease_release.sql.
 func RelayLeaseRelease(relay string, slots []int) Statement {
-	return Statement{relayLeaseReleaseSQL, pgx.StrictNamedArgs{"relay": relay, "slots": slots}}
+	return relayLeaseRelease.with(relay, slots)
 }
 
 // RelayLeaseRenew is queries/relay_lease_renew.sql.
 func RelayLeaseRenew(relay string, leaseMS int64, rotate bool) Statement {
-	return Statement{relayLeaseRenewSQL, pgx.StrictNamedArgs{"relay": relay, "lease_ms": leaseMS, "rotate": rotate}}
+	return relayLeaseRenew.with(relay, leaseMS, rotate)
 }
 
 // RelayLeaseShare is queries/relay_lease_share.sql.
 func RelayLeaseShare() Statement {
-	return Statement{relayLeaseShareSQL, nil}
+	return relayLeaseShare.with()
 }
 
 // RelayMarkFailed is queries/relay_mark_failed.sql.
 func RelayMarkFailed(ids []uuid.UUID, errs []string, backoffsMS []int64, token uuid.UUID, maxAttempts int) Statement {
-	return Statement{relayMarkFailedSQL, pgx.StrictNamedArgs{"ids": ids, "errors": errs, "backoffs_ms": backoffsMS, "token": token, "max_attempts": maxAttempts}}
+	return relayMarkFailed.with(ids, errs, backoffsMS, token, maxAttempts)
 }
 
 // RelayMarkFailedLeased is queries/relay_mark_failed_leased.sql.
 func RelayMarkFailedLeased(ids []uuid.UUID, errs []string, backoffsMS []int64, slots []int32, tokens []uuid.UUID, maxAttempts int) Statement {
-	return Statement{relayMarkFailedLeasedSQL, pgx.StrictNamedArgs{"ids": ids, "errors": errs, "backoffs_ms": backoffsMS, "slots": slots, "tokens": tokens, "max_attempts": maxAttempts}}
+	return relayMarkFailedLeased.with(ids, errs, backoffsMS, slots, tokens, maxAttempts)
 }
 
 // RelayMarkPublished is queries/relay_mark_published.sql.
 func RelayMarkPublished(ids []uuid.UUID, streamIDs []string, token uuid.UUID) Statement {
-	return Statement{relayMarkPublishedSQL, pgx.StrictNamedArgs{"ids": ids, "stream_ids": streamIDs, "token": token}}
+	return relayMarkPublished.with(ids, streamIDs, token)
 }
 
 // RelayMarkPublishedLeased is queries/relay_mark_published_leased.sql.
 func RelayMarkPublishedLeased(ids []uuid.UUID, streamIDs []string, slots []int32, tokens []uuid.UUID) Statement {
-	return Statement{relayMarkPublishedLeasedSQL, pgx.StrictNamedArgs{"ids": ids, "stream_ids": streamIDs, "slots": slots, "tokens": tokens}}
+	return relayMarkPublishedLeased.with(ids, streamIDs, slots, tokens)
 }
 
 // RelayNotify is queries/relay_notify.sql.
 func RelayNotify(channel string, payload string) Statement {
-	return Statement{relayNotifySQL, pgx.StrictNamedArgs{"channel": channel, "payload": payload}}
+	return relayNotify.with(channel, payload)
 }
 
 // RelayRead is queries/relay_read.sql.
 func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64) Statement {
-	return Statement{relayReadSQL, pgx.StrictNamedArgs{"batch": batch, "slots": slots, "usable_slots": usableSlots, "in_flight": inFlight}}
+	return relayRead.with(batch, slots, usableSlots, inFlight)
 }
 
 // RelayReap is queries/relay_reap.sql.
 func RelayReap(leaseMS int64, batch int, maxAttempts int) Statement {
-	return Statement{relayReapSQL, pgx.StrictNamedArgs{"lease_ms": leaseMS, "batch": batch, "max_attempts": maxAttempts}}
+	return relayReap.with(leaseMS, batch, maxAttempts)
 }
 
 // RelayRelease is queries/relay_release.sql.
 func RelayRelease(ids []uuid.UUID, token uuid.UUID, afterMS int64, reason string) Statement {
-	return Statement{relayReleaseSQL, pgx.StrictNamedArgs{"ids": ids, "token": token, "after_ms": afterMS, "reason": reason}}
+	return relayRelease.with(ids, token, afterMS, reason)
 }
 
 // RelaySleep is queries/relay_sleep.sql.
 func RelaySleep() Statement {
-	return Statement{relaySleepSQL, nil}
+	return relaySleep.with()
 }
 
 // Status is queries/status.sql.
 func Status() Statement {
-	return Statement{statusSQL, nil}
+	return status.with()
 }
 
 // StatusListeningRelays is queries/status_listening_relays.sql.
 func StatusListeningRelays() Statement {
-	return Statement{statusListeningRelaysSQL, nil}
+	return statusListeningRelays.with()
 }
 
 // StatusRelaySlots is queries/status_relay_slots.sql.
 func StatusRelaySlots() Statement {
-	return Statement{statusRelaySlotsSQL, nil}
+	return statusRelaySlots.with()
 }
 
 // TransferGet is queries/transfer_get.sql.
 func TransferGet(id uuid.UUID) Statement {
-	return Statement{transferGetSQL, pgx.StrictNamedArgs{"id": id}}
+	return transferGet.with(id)
 }
 
 // TransferInsert is queries/transfer_insert.sql.
 func TransferInsert(id uuid.UUID, fromAccount string, toAccount string, amountCents int64, currency string) Statement {
-	return Statement{transferInsertSQL, pgx.StrictNamedArgs{"id": id, "from_account": fromAccount, "to_account": toAccount, "amount_cents": amountCents, "currency": currency}}
+	return transferInsert.with(id, fromAccount, toAccount, amountCents, currency)
 }

@@ -45,13 +45,48 @@ func Query(name string) string { return loaded[name] }
 func QueryFS() fs.FS { return queries }
 
 // Positional returns query with its named parameters (@name) numbered ($1,
-// $2... in order of first appearance), as pgx sends it with
-// pgx.StrictNamedArgs: for tests that prepare or EXPLAIN a query, or trace
-// it by its text.
+// $2... in order of first appearance), as the Statements send it: for tests
+// that prepare or EXPLAIN a query, or trace it by its text.
 func Positional(query string) string {
 	sql, _, err := pgx.NamedArgs{}.RewriteQuery(context.Background(), nil, query, nil)
 	if err != nil {
 		panic(fmt.Sprintf("outboxsql: rewrite named parameters: %v", err))
 	}
 	return sql
+}
+
+// query is one query file rewritten to positional parameters ($1, $2...,
+// in order of first appearance of each @name), with, for each of them, the
+// index of the function parameter that fills it.
+type query struct {
+	sql   string
+	order []int
+}
+
+// prepare loads queries/<name>.sql and rewrites its named parameters, once.
+// params are the names of the function's parameters, in its order; it
+// panics unless the SQL uses exactly those names.
+func prepare(name string, params ...string) query {
+	index := make(pgx.StrictNamedArgs, len(params))
+	for i, p := range params {
+		index[p] = i
+	}
+	sql, order, err := index.RewriteQuery(context.Background(), nil, load(name), nil)
+	if err != nil {
+		panic(fmt.Sprintf("outboxsql: queries/%s.sql: %v", name, err))
+	}
+	q := query{sql: sql, order: make([]int, len(order))}
+	for i, o := range order {
+		q.order[i] = o.(int)
+	}
+	return q
+}
+
+// with is q with values (in the order of prepare's params) as its arguments.
+func (q query) with(values ...any) Statement {
+	args := make([]any, len(q.order))
+	for i, j := range q.order {
+		args[i] = values[j]
+	}
+	return Statement{SQL: q.sql, Args: args}
 }

@@ -163,7 +163,7 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	res := Result{TransferID: t.ID}
 
 	q := outboxsql.TransferInsert(t.ID, t.FromAccount, t.ToAccount, t.AmountCents, t.Currency)
-	err := tx.QueryRow(ctx, q.SQL, q.Args).Scan(&res.SettledAt)
+	err := tx.QueryRow(ctx, q.SQL, q.Args...).Scan(&res.SettledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return alreadySettled(ctx, tx, t)
 	}
@@ -211,7 +211,7 @@ func alreadySettled(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) 
 	var prev Transfer
 	var settledAt time.Time
 	q := outboxsql.TransferGet(t.ID)
-	err := tx.QueryRow(ctx, q.SQL, q.Args).
+	err := tx.QueryRow(ctx, q.SQL, q.Args...).
 		Scan(&prev.FromAccount, &prev.ToAccount, &prev.AmountCents, &prev.Currency, &settledAt)
 	if err != nil {
 		return Result{}, fmt.Errorf("read settled transfer %s: %w", t.ID, err)

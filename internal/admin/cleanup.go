@@ -52,7 +52,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 		opt.BatchSize = DefaultCleanupBatch
 	}
 	cutoff := outboxsql.AdminCleanupCutoff(opt.OlderThan.Microseconds())
-	if err := pool.QueryRow(ctx, cutoff.SQL, cutoff.Args).Scan(&res.Cutoff); err != nil {
+	if err := pool.QueryRow(ctx, cutoff.SQL, cutoff.Args...).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("cleanup: read the database clock: %w", err)
 	}
 	var after int64
@@ -62,7 +62,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 		}
 		var n int64
 		q := outboxsql.AdminCleanup(res.Cutoff, after, int64(opt.BatchSize))
-		if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&n, &after); err != nil {
+		if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&n, &after); err != nil {
 			return res, fmt.Errorf("cleanup: delete batch %d (after %d rows): %w", res.Batches+1, res.Deleted, err)
 		}
 		res.Deleted += n

@@ -36,7 +36,7 @@ func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []Dead
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
 	q := outboxsql.AdminDeadList(int64(limit))
-	rows, err := pool.Query(ctx, q.SQL, q.Args)
+	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)
 	}
@@ -97,7 +97,7 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 		return res, nil
 	}
 	q := outboxsql.AdminDeadRetry(uniq)
-	rows, err := pool.Query(ctx, q.SQL, q.Args)
+	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return res, fmt.Errorf("requeue dead events: %w", err)
 	}
@@ -142,7 +142,7 @@ func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, er
 	for {
 		var n int64
 		q := outboxsql.AdminDeadRetryAll(after, int64(batch))
-		if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&n, &after); err != nil {
+		if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&n, &after); err != nil {
 			return total, fmt.Errorf("requeue dead events (after %d requeued): %w", total, err)
 		}
 		total += n

@@ -171,7 +171,7 @@ func (s *space) backlog(ctx context.Context) (int64, error) {
 	var oldest float64
 	var retrying int
 	q := outboxsql.MetricsOutbox()
-	err := s.pool.QueryRow(ctx, q.SQL, q.Args).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	return pending + publishing, err
 }
 

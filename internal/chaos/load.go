@@ -226,7 +226,7 @@ func (r *run) outboxCounts(ctx context.Context) (pending, publishing, published,
 	defer cancel()
 	var oldest float64
 	q := outboxsql.Status()
-	err = r.mon.QueryRow(ctx, q.SQL, q.Args).Scan(&pending, &publishing, &published, &dead, &oldest)
+	err = r.mon.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &published, &dead, &oldest)
 	return
 }
 

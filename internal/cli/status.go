@@ -165,17 +165,17 @@ func printStatus(w io.Writer, st Status) {
 
 func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
 	q := outboxsql.Status()
-	err := pool.QueryRow(ctx, q.SQL, q.Args).
+	err := pool.QueryRow(ctx, q.SQL, q.Args...).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
 	}
 	q = outboxsql.StatusListeningRelays()
-	if err := pool.QueryRow(ctx, q.SQL, q.Args).Scan(&st.ListeningRelays); err != nil {
+	if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
 	}
 	q = outboxsql.StatusRelaySlots()
-	rows, err := pool.Query(ctx, q.SQL, q.Args)
+	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("read relay partition slots: %w", err)
 	}

@@ -172,7 +172,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		return err
 	}
 	q := outboxsql.ReconcileEvents(opt.Since)
-	rows, err := pool.Query(ctx, q.SQL, q.Args)
+	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return rep, fmt.Errorf("read transfers and events: %w", err)
 	}
@@ -304,7 +304,7 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 		diffs = diffs[:0]
 		byAccount := map[string][]transferAmount{}
 		q := outboxsql.ReconcileSenderTransfers(senders)
-		rows, err := pool.Query(ctx, q.SQL, q.Args)
+		rows, err := pool.Query(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return nil, fmt.Errorf("read senders' transfers: %w", err)
 		}
