@@ -74,10 +74,7 @@ func (d *deliveries) run(name string, mutate func(*Config)) {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	c, err := New(d.rdb.Client, cfg)
-	if err != nil {
-		d.t.Fatal(err)
-	}
+	c := newGroupConsumer(d.t, d.rdb, cfg)
 	ctx, cancel := context.WithCancel(d.ctx)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()

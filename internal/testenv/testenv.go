@@ -46,33 +46,17 @@ const (
 // A Starter starts a server for the caller.
 type Starter func(ctx context.Context, opt Options) (*Server, error)
 
-var docker struct {
-	sync.Mutex
-	postgres, redis Starter
-}
+// dockerPostgres and dockerRedis are the Docker step: nil unless UseDocker
+// installed them.
+var dockerPostgres, dockerRedis Starter
 
 // UseDocker installs the Docker step of Postgres and Redis. Package
-// internal/testenv/containers calls it when imported.
-func UseDocker(postgres, redis Starter) {
-	docker.Lock()
-	defer docker.Unlock()
-	docker.postgres, docker.redis = postgres, redis
-}
+// internal/testenv/containers calls it from its init, before any caller
+// looks for a server.
+func UseDocker(postgres, redis Starter) { dockerPostgres, dockerRedis = postgres, redis }
 
 // errNoDocker: this binary has no Docker step.
 var errNoDocker = errors.New("not in this binary (only tests import internal/testenv/containers)")
-
-func dockerStarter(pick func() Starter) Starter {
-	return func(ctx context.Context, opt Options) (*Server, error) {
-		docker.Lock()
-		start := pick()
-		docker.Unlock()
-		if start == nil {
-			return nil, errNoDocker
-		}
-		return start(ctx, opt)
-	}
-}
 
 // NewServer returns a Server at url that Close releases with stop.
 func NewServer(url, source string, stop func() error) *Server {
@@ -132,7 +116,7 @@ type kind struct {
 	image      string // docker image
 	aptPackage string
 	ping       func(ctx context.Context, url string) error
-	docker     func(ctx context.Context, opt Options) (*Server, error)
+	docker     func() Starter // the Docker step, nil if not installed
 	local      func(ctx context.Context, opt Options) (*Server, error)
 }
 
@@ -143,7 +127,7 @@ var (
 		image:      PostgresImage,
 		aptPackage: "postgresql",
 		ping:       pingPostgres,
-		docker:     dockerStarter(func() Starter { return docker.postgres }),
+		docker:     func() Starter { return dockerPostgres },
 		local:      LocalPostgres,
 	}
 	redisKind = kind{
@@ -152,7 +136,7 @@ var (
 		image:      RedisImage,
 		aptPackage: "redis-server",
 		ping:       pingRedis,
-		docker:     dockerStarter(func() Starter { return docker.redis }),
+		docker:     func() Starter { return dockerRedis },
 		local:      LocalRedis,
 	}
 )
@@ -189,8 +173,10 @@ func find(ctx context.Context, opt Options, k kind) (*Server, error) {
 
 	if opt.NoDocker {
 		reasons = append(reasons, errors.New("docker: skipped (Options.NoDocker)"))
+	} else if start := k.docker(); start == nil {
+		reasons = append(reasons, fmt.Errorf("docker: %w", errNoDocker))
 	} else {
-		s, err := k.docker(ctx, opt)
+		s, err := start(ctx, opt)
 		if err == nil {
 			return s, nil
 		}
