@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"regexp"
 	"time"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/partition"
 )
 
@@ -17,20 +17,18 @@ const (
 	DefaultStream           = "outbox.event.transfer"
 	DefaultGroup            = "fraud"
 	DefaultKeyPrefix        = "fraud:"
-	DefaultBatchSize        = 100
-	DefaultBlock            = 2 * time.Second
-	DefaultClaimInterval    = 5 * time.Second
-	DefaultClaimMinIdle     = 30 * time.Second
-	DefaultMaxDeliveries    = 5
+	DefaultBatchSize        = consumer.DefaultBatchSize
+	DefaultBlock            = consumer.DefaultBlock
+	DefaultClaimInterval    = consumer.DefaultClaimInterval
+	DefaultClaimMinIdle     = consumer.DefaultClaimMinIdle
+	DefaultMaxDeliveries    = consumer.DefaultMaxDeliveries
 	DefaultDedupeTTL        = 7 * 24 * time.Hour
 	DefaultRetention        = 7 * 24 * time.Hour
 	DefaultAmountLimitCents = 5_000_000  // R$ 50.000,00 in one TED
 	DefaultWindowLimitCents = 10_000_000 // R$ 100.000,00 per sender per window
 	DefaultWindow           = time.Hour
-	DefaultPartitionLease   = 10 * time.Second
+	DefaultPartitionLease   = consumer.DefaultPartitionLease
 )
-
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9_.:{}-]{1,200}$`)
 
 // Config tunes a Consumer. The zero value of every field means its default.
 type Config struct {
@@ -98,8 +96,9 @@ type Config struct {
 	AuditLen int
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// Metrics, when set, records the consumer's Prometheus metrics.
-	Metrics *Metrics
+	// Metrics, when set, records the consumer's Prometheus metrics
+	// (NewMetrics).
+	Metrics *consumer.Metrics
 	// Observer, when set, is told of every delivery of a valid event once
 	// its effect is applied or skipped (observer.go).
 	Observer Observer
@@ -147,28 +146,12 @@ func (c Config) Validate() error {
 }
 
 func (c Config) validate() error {
-	for _, n := range []struct{ what, v string }{
-		{"stream", c.Stream}, {"group", c.Group}, {"consumer", c.Consumer}, {"key prefix", c.KeyPrefix},
-	} {
-		if !namePattern.MatchString(n.v) {
-			return fmt.Errorf("%s %q: must match %s", n.what, n.v, namePattern)
-		}
+	if err := c.engine().Validate(); err != nil {
+		return err
 	}
 	switch {
-	case c.BatchSize < 1 || c.BatchSize > 10_000:
-		return fmt.Errorf("batch size %d: must be between 1 and 10000", c.BatchSize)
-	case c.Block < time.Millisecond:
-		return fmt.Errorf("block %s: must be at least 1ms (0 would block forever)", c.Block)
-	case c.ClaimInterval <= 0 || c.ClaimMinIdle < time.Millisecond:
-		return fmt.Errorf("claim interval %s / min idle %s: must be positive", c.ClaimInterval, c.ClaimMinIdle)
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("max deliveries %d: must be at least 1", c.MaxDeliveries)
 	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
 		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
-	case partition.Validate(c.Partitions) != nil:
-		return partition.Validate(c.Partitions)
-	case c.PartitionLease < 4*time.Millisecond || c.PartitionLease <= c.Block:
-		return fmt.Errorf("partition lease %s: must be longer than the block %s", c.PartitionLease, c.Block)
 	case c.MinReplicas < 0 || c.ReplicaTimeout < time.Millisecond:
 		return fmt.Errorf("min replicas %d / replica timeout %s: must not be negative / at least 1ms", c.MinReplicas, c.ReplicaTimeout)
 	case c.Retention < time.Hour:
@@ -181,6 +164,17 @@ func (c Config) validate() error {
 		return fmt.Errorf("window %s: must be at least 1s", c.Window)
 	}
 	return nil
+}
+
+// engine is the configuration of the consumer.Consumer that reads for
+// anti-fraud.
+func (c Config) engine() consumer.Config {
+	return consumer.Config{
+		Name: "fraud", Stream: c.Stream, Group: c.Group, Consumer: c.Consumer, KeyPrefix: c.KeyPrefix,
+		BatchSize: c.BatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
+		MaxDeliveries: c.MaxDeliveries, Partitions: c.Partitions, PartitionLease: c.PartitionLease,
+		Logger: c.Logger, Metrics: c.Metrics,
+	}
 }
 
 // Keys names the Redis keys under a prefix. With several partitions, the
@@ -249,27 +243,33 @@ func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acc
 func (k Keys) Audit() string { return k.Prefix + "audit" }
 
 // Stats holds the lifetime counters of the report.
-func (k Keys) Stats() string { return k.Prefix + "stats" }
+func (k Keys) Stats() string { return k.engine().Stats() }
 
 // Alerts is the stream of transfers sent to review.
 func (k Keys) Alerts() string { return k.Prefix + "alerts" }
 
 // DeadLetters is the dead-letter stream.
-func (k Keys) DeadLetters() string { return k.Prefix + "dlq" }
+func (k Keys) DeadLetters() string { return k.engine().DeadLetters() }
 
 // Lease is the lease of this partition's keys in a group: its value is
 // "<epoch>|<consumer>|<process token>" (ownership.go).
-func (k Keys) Lease(group string) string { return k.Prefix + "lease:" + group }
+func (k Keys) Lease(group string) string { return k.engine().Lease(group) }
 
 // LeaseEpoch counts the acquisitions of the partition's lease in a group.
-func (k Keys) LeaseEpoch(group string) string { return k.Prefix + "lease-epoch:" + group }
+func (k Keys) LeaseEpoch(group string) string { return k.engine().LeaseEpoch(group) }
 
 // Members is the group's live consumers, scored by when their membership
 // ends.
-func (k Keys) Members(group string) string { return k.Prefix + "members:" + group }
+func (k Keys) Members(group string) string { return k.engine().Members(group) }
 
 // Consumer is the lease of a running consumer's name in a group.
-func (k Keys) Consumer(group, name string) string { return k.Prefix + "consumer:" + group + ":" + name }
+func (k Keys) Consumer(group, name string) string { return k.engine().Consumer(group, name) }
+
+// engine is the part of the keys the consumer package keeps: leases,
+// members, names, stats, dead letters.
+func (k Keys) engine() consumer.Keys {
+	return consumer.Keys{Prefix: k.Prefix, Partitions: k.Partitions}
+}
 
 // Day is the settlement day of t (UTC) as the keys name it, and its number.
 func Day(t time.Time) (day string, number int64) {

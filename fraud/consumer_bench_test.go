@@ -46,10 +46,9 @@ func BenchmarkEffectScript(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			rdb := outboxtest.NewRedis(b)
 			ctx := context.Background()
-			c, err := New(rdb.Client, Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet})
-			if err != nil {
-				b.Fatal(err)
-			}
+			cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet}.withDefaults()
+			e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
+			keys := Keys{Prefix: cfg.KeyPrefix}
 			if err := effectScript.Load(ctx, rdb.Client).Err(); err != nil {
 				b.Fatal(err)
 			}
@@ -57,16 +56,15 @@ func BenchmarkEffectScript(b *testing.B) {
 				cmds := make([]*redis.Cmd, len(evs))
 				if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 					for i, ev := range evs {
-						f := feed{part: c.parts[0]}
-						cmds[i] = effectScript.EvalSha(ctx, p, c.effectKeys(f, ev), c.effectArgs(f, ev)...)
+						cmds[i] = effectScript.EvalSha(ctx, p, e.effectKeys(keys, ev), e.effectArgs(keys, "", ev)...)
 					}
 					return nil
 				}); err != nil {
 					b.Fatal(err)
 				}
 				for _, cmd := range cmds {
-					if out, err := cmd.Int(); err != nil || (Outcome(out) == OutcomeDuplicate) != wantDup {
-						b.Fatalf("outcome %d, err %v", out, err)
+					if out, _, err := effectResult(cmd); err != nil || (out == OutcomeDuplicate) != wantDup {
+						b.Fatalf("outcome %s, err %v", out, err)
 					}
 				}
 			}

@@ -3,11 +3,9 @@ package fraud
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,87 +89,6 @@ func TestVelocityRule(t *testing.T) {
 	if rep.Verdicts != 6 || rep.Reviews != 2 || rep.Accounts["ana"] != (AccountTotals{SentCents: 150_000, Transfers: 4}) {
 		t.Fatalf("report %+v", rep)
 	}
-}
-
-// Two running consumers of one group under one name would share a pending
-// list: the second refuses to start. One whose namesake died (not read for a
-// while) starts.
-func TestConsumerNameInUseIsRefused(t *testing.T) {
-	rdb := outboxtest.NewRedis(t)
-	stream := rdb.Prefix + "outbox.event.transfer"
-	cfg := Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "same", Block: 100 * time.Millisecond}
-	first, err := New(rdb.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- first.Run(ctx) }()
-	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		cs, err := rdb.XInfoConsumers(context.Background(), stream, DefaultGroup).Result()
-		return err == nil && len(cs) == 1
-	}, "first consumer never read")
-
-	second, err := New(rdb.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := second.Run(context.Background()); !errors.Is(err, ErrNameInUse) {
-		t.Fatalf("second consumer named %q: got %v, want ErrNameInUse", cfg.Consumer, err)
-	}
-
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	// The namesake stopped cleanly and gave its name back: a new consumer
-	// under it starts at once. (One that crashed leaves the lease to
-	// expire: below.)
-	ctx2, cancel2 := context.WithCancel(context.Background())
-	defer cancel2()
-	third, err := New(rdb.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { done <- third.Run(ctx2) }()
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(done) == 0 && owns(rdb, third, 0) }, "the new consumer never took the stream")
-	time.Sleep(time.Second)
-	select {
-	case err := <-done:
-		t.Fatalf("a consumer taking over a stopped namesake's name exited: %v", err)
-	default:
-	}
-	cancel2()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-
-	// A crashed namesake's lease (another token, not renewed) expires, and
-	// the new consumer starts then.
-	key := Keys{Prefix: cfg.KeyPrefix}.Consumer(DefaultGroup, cfg.Consumer)
-	if err := rdb.Set(context.Background(), key, "crashed-process", 700*time.Millisecond).Err(); err != nil {
-		t.Fatal(err)
-	}
-	fourth, err := New(rdb.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx4, cancel4 := context.WithCancel(context.Background())
-	go func() { done <- fourth.Run(ctx4) }()
-	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		v, _ := rdb.Get(context.Background(), key).Result()
-		return v == fourth.token
-	}, "the new consumer never took over the crashed namesake's expired lease")
-	cancel4()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-}
-
-// owns reports whether c holds the lease of partition p.
-func owns(rdb outboxtest.Redis, c *Consumer, p int) bool {
-	v, err := rdb.Get(context.Background(), c.parts[p].keys.Lease(c.cfg.Group)).Result()
-	return err == nil && strings.HasSuffix(v, "|"+c.holder())
 }
 
 // The verdicts do not depend on the order in which a sender's transfers

@@ -2,7 +2,6 @@ package fraud
 
 import (
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -17,47 +16,49 @@ var (
 	effectScript = redis.NewScript(effectSrc)
 )
 
-func (c *Consumer) effectKeys(f feed, ev Event) []string {
+// effectKeys are the keys of ev's effect, among the partition's keys k.
+func (e *effects) effectKeys(k Keys, ev Event) []string {
 	day, _ := Day(ev.SettledAt)
-	k := f.keys
 	return []string{
 		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
 		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
-		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(c.cfg.Group), k.Approved(ev.FromAccount),
+		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(e.cfg.Group), k.Approved(ev.FromAccount),
 		k.Audit(),
 	}
 }
 
-func (c *Consumer) effectArgs(f feed, ev Event) []any {
+// effectArgs are the arguments of ev's effect; fence is the partition's
+// lease value it must find (consumer.Batch.Fence).
+func (e *effects) effectArgs(k Keys, fence string, ev Event) []any {
 	now := time.Now()
 	day, dayNo := Day(ev.SettledAt)
-	expireAt := DayExpiry(ev.SettledAt, c.cfg.Retention).UnixMilli()
+	expireAt := DayExpiry(ev.SettledAt, e.cfg.Retention).UnixMilli()
 	if expireAt <= now.UnixMilli() {
 		expireAt = 0 // settled longer ago than the retention: keep no verdict or totals
 	}
-	_, oldest := Day(now.Add(-c.cfg.Retention))
+	_, oldest := Day(now.Add(-e.cfg.Retention))
 	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
 	return []any{
-		int64(c.cfg.DedupeTTL / time.Second),
+		int64(e.cfg.DedupeTTL / time.Second),
 		ev.EventID.String(),
 		ev.TransferID.String(),
 		ev.FromAccount,
 		ms(ev.AmountCents),
 		ms(ev.SettledAt.UnixMilli()),
-		ms(c.cfg.Window.Milliseconds()),
-		ms(c.cfg.AmountLimitCents),
-		ms(c.cfg.WindowLimitCents),
+		ms(e.cfg.Window.Milliseconds()),
+		ms(e.cfg.AmountLimitCents),
+		ms(e.cfg.WindowLimitCents),
 		ev.ToAccount,
 		ev.Currency,
 		ms(expireAt),
 		day,
 		ms(dayNo),
 		ms(oldest - 1),
-		ms((c.cfg.DedupeTTL + 2*c.cfg.Window).Milliseconds()),
-		ms(now.Add(-c.cfg.Retention).UnixMilli()),
-		f.keys.Verdict(""),
-		f.fence,
-		c.cfg.AuditLen,
+		ms((e.cfg.DedupeTTL + 2*e.cfg.Window).Milliseconds()),
+		ms(now.Add(-e.cfg.Retention).UnixMilli()),
+		k.Verdict(""),
+		fence,
+		e.cfg.AuditLen,
 	}
 }
 
@@ -73,7 +74,3 @@ func effectResult(cmd *redis.Cmd) (outcome Outcome, revised int64, err error) {
 	}
 	return Outcome(vals[0]), vals[1], nil
 }
-
-// errFenced: the effect script refused an effect because the partition's
-// lease no longer holds this consumer's value.
-var errFenced = errors.New("partition lease lost")

@@ -1,13 +1,12 @@
 package fraud
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/tedbank/outbox/relay/entry"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/transfer/settled"
 )
 
@@ -23,54 +22,29 @@ type Event struct {
 }
 
 // ErrInvalidEvent is wrapped by every decoding error: such an entry can never
-// be processed and is dead-lettered after MaxDeliveries.
-var ErrInvalidEvent = errors.New("invalid event")
-
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalidEvent, fmt.Sprintf(format, args...))
-}
+// be processed and is dead-lettered after MaxDeliveries (consumer.ErrInvalid).
+var ErrInvalidEvent = consumer.ErrInvalid
 
 // DecodeEntry decodes the fields of a stream entry written by the relay.
 func DecodeEntry(values map[string]any) (Event, error) {
-	if values == nil {
-		return Event{}, invalid("entry has no fields (deleted or trimmed)")
-	}
-	str := func(k string) (string, error) {
-		v, ok := values[k]
-		if !ok {
-			return "", invalid("missing field %q", k)
-		}
-		s, ok := v.(string)
-		if !ok {
-			return "", invalid("field %q is not a string", k)
-		}
-		return s, nil
-	}
-	eventType, err := str(entry.EventType)
+	m, err := consumer.DecodeEntry("", values)
 	if err != nil {
 		return Event{}, err
 	}
-	if eventType != settled.Type {
-		return Event{}, invalid("unknown event type %q", eventType)
+	return decodeMessage(m)
+}
+
+// decodeMessage decodes a transfer.settled message.
+func decodeMessage(m consumer.Message) (Event, error) {
+	if m.Type != settled.Type {
+		return Event{}, consumer.Invalid("unknown event type %q", m.Type)
 	}
-	rawID, err := str(entry.EventID)
+	ev, err := DecodeSettled(m.Payload)
 	if err != nil {
 		return Event{}, err
 	}
-	eventID, err := uuid.Parse(rawID)
-	if err != nil {
-		return Event{}, invalid("event_id %q is not a UUID", rawID)
-	}
-	payload, err := str(entry.Payload)
-	if err != nil {
-		return Event{}, err
-	}
-	ev, err := DecodeSettled([]byte(payload))
-	if err != nil {
-		return Event{}, err
-	}
-	if ev.EventID != eventID {
-		return Event{}, invalid("payload event_id %s differs from entry event_id %s", ev.EventID, eventID)
+	if ev.EventID != m.ID {
+		return Event{}, consumer.Invalid("payload event_id %s differs from entry event_id %s", ev.EventID, m.ID)
 	}
 	return ev, nil
 }

@@ -1,136 +1,29 @@
 package fraud
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/consumer"
 )
 
-// Metrics are the consumer's Prometheus metrics. A nil *Metrics records
-// nothing.
-type Metrics struct {
-	processed    *prometheus.CounterVec
-	duplicates   prometheus.Counter
-	deadLettered prometheus.Counter
-	failed       prometheus.Counter
-	batch        prometheus.Histogram
-}
+// Metrics are the consumer's Prometheus metrics (consumer.Metrics).
+type Metrics = consumer.Metrics
 
-// NewMetrics creates the consumer metrics and registers them with reg.
+// NewMetrics creates anti-fraud's metrics and registers them with reg:
+// outbox_fraud_events_processed_total (by verdict),
+// outbox_fraud_duplicates_skipped_total, outbox_fraud_dead_lettered_total,
+// outbox_fraud_failures_total and outbox_fraud_batch_duration_seconds.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outbox_fraud_events_processed_total", Help: "Events whose effect was applied, by verdict."},
-			[]string{"verdict"}),
-		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_fraud_duplicates_skipped_total", Help: "Deliveries recognised as already applied."}),
-		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_fraud_dead_lettered_total", Help: "Entries moved to the dead-letter stream."}),
-		failed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_fraud_failures_total", Help: "Deliveries that failed and stay pending."}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "outbox_fraud_batch_duration_seconds", Help: "Time to apply and acknowledge one batch of entries.",
-			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
-	}
-	reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.failed, m.batch)
-	return m
+	return consumer.NewMetrics(reg, "fraud", "verdict")
 }
 
-func (m *Metrics) outcome(o Outcome) {
-	if m == nil {
-		return
-	}
-	if o == OutcomeDuplicate {
-		m.duplicates.Inc()
-		return
-	}
-	m.processed.WithLabelValues(o.String()).Inc()
-}
+// GroupCollector exports a consumer group's pending count and lag
+// (consumer.GroupCollector).
+type GroupCollector = consumer.GroupCollector
 
-// failedEntry and deadLetter do nothing on a nil *Metrics, as every
-// recording method.
-func (m *Metrics) failedEntry() {
-	if m != nil {
-		m.failed.Inc()
-	}
-}
-
-func (m *Metrics) deadLetter() {
-	if m != nil {
-		m.deadLettered.Inc()
-	}
-}
-
-func (m *Metrics) observeBatch(d time.Duration) {
-	if m != nil {
-		m.batch.Observe(d.Seconds())
-	}
-}
-
-// GroupCollector exports a consumer group's pending count and lag, read with
-// XINFO GROUPS at scrape time.
-type GroupCollector struct {
-	rdb              redis.Cmdable
-	stream, group    string
-	partitions       int
-	pending, lag, up *prometheus.Desc
-}
-
-// WithPartitions makes the collector sum the group's figures over the n
-// partition streams of its stream (labelled with the stream's base name).
-func (c *GroupCollector) WithPartitions(n int) *GroupCollector {
-	c.partitions = n
-	return c
-}
-
-// NewGroupCollector returns a collector for group on stream.
+// NewGroupCollector returns a collector for group on stream:
+// outbox_fraud_group_pending, outbox_fraud_group_lag, outbox_fraud_redis_up.
 func NewGroupCollector(rdb redis.Cmdable, stream, group string) *GroupCollector {
-	labels := prometheus.Labels{"stream": stream, "group": group}
-	return &GroupCollector{
-		rdb: rdb, stream: stream, group: group,
-		pending: prometheus.NewDesc("outbox_fraud_group_pending", "Entries delivered to the group and not yet acknowledged.", nil, labels),
-		lag:     prometheus.NewDesc("outbox_fraud_group_lag", "Entries in the stream not yet delivered to the group.", nil, labels),
-		up:      prometheus.NewDesc("outbox_fraud_redis_up", "1 if the last scrape could read the consumer group from Redis.", nil, labels),
-	}
-}
-
-// Describe implements prometheus.Collector.
-func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.pending
-	ch <- c.lag
-	ch <- c.up
-}
-
-// Collect implements prometheus.Collector.
-func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var pending, lag int64
-	found, lagKnown := false, true
-	for _, stream := range partition.Streams(c.stream, max(c.partitions, 1)) {
-		groups, err := c.rdb.XInfoGroups(ctx, stream).Result()
-		if err != nil && !redis.HasErrorPrefix(err, "no such key") {
-			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-			return
-		}
-		for _, g := range groups {
-			if g.Name == c.group {
-				found = true
-				pending += g.Pending
-				lag += g.Lag
-				lagKnown = lagKnown && g.Lag >= 0 // -1: Redis cannot tell (entries deleted)
-			}
-		}
-	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	if found {
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
-		if lagKnown {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
-		}
-	}
+	return consumer.NewGroupCollector(rdb, "fraud", stream, group)
 }

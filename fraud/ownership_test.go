@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
 )
@@ -179,109 +180,44 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 	}
 }
 
-// A consumer that lost its partition's lease (it stalled past it, or the
-// group rebalanced) cannot apply an effect: the effect script finds another
-// lease value and refuses, and the entry stays pending for the new owner.
-func TestStaleOwnerIsFenced(t *testing.T) {
+// The effect script refuses an effect when the partition's lease no longer
+// holds the batch's fence (another consumer took the partition): nothing is
+// written, and the error wraps consumer.ErrFenced; with the lease's value it
+// applies.
+func TestEffectScriptIsFenced(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	stream := rdb.Prefix + "outbox.event.transfer"
-	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "stale"})
-	pt := c.parts[0]
-	fence, err := c.lease(ctx, pt)
-	if err != nil || fence == "" {
-		t.Fatalf("lease: %q %v", fence, err)
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	publish(t, rdb, cfg.Stream, "ana", 100, time.Now())
+	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
+	if err != nil || len(x) != 1 {
+		t.Fatalf("entries %v (%v)", x, err)
 	}
-	publish(t, rdb, stream, "ana", 100, time.Now())
-	// The lease moves on: another consumer took the partition.
-	if err := rdb.Set(ctx, pt.keys.Lease(DefaultGroup), "7|other|token", time.Minute).Err(); err != nil {
+	m, err := consumer.DecodeEntry(x[0].ID, x[0].Values)
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.readNew(ctx, feed{part: pt, fence: fence})
-	if !errors.Is(err, errFenced) {
-		t.Fatalf("applying with a lost lease: %v, want errFenced", err)
+	keys := Keys{Prefix: cfg.KeyPrefix}
+	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group,
+		Fence: "3|me|token", Messages: []consumer.Message{m}}
+	if err := rdb.Set(ctx, keys.Lease(cfg.Group), "7|other|token", time.Minute).Err(); err != nil {
+		t.Fatal(err)
 	}
-	if rep, _ := ReadReport(ctx, rdb.Client, Keys{Prefix: rdb.Prefix + "fraud:"}); rep.Verdicts != 0 {
+	if res := e.Handle(ctx, b); !errors.Is(res[0].Err, consumer.ErrFenced) {
+		t.Fatalf("applying with a lost lease: %+v, want ErrFenced", res)
+	}
+	if rep, _ := ReadReport(ctx, rdb.Client, keys); rep.Verdicts != 0 {
 		t.Fatalf("%d verdicts written by a consumer without the lease", rep.Verdicts)
 	}
-	if p, err := rdb.XPending(ctx, stream, DefaultGroup).Result(); err != nil || p.Count != 1 {
-		t.Fatalf("pending %+v (%v): the refused entry must stay pending", p, err)
-	}
-	// The lease's holder applies it.
-	if err := rdb.Set(ctx, pt.keys.Lease(DefaultGroup), fence, time.Minute).Err(); err != nil {
+	if err := rdb.Set(ctx, keys.Lease(cfg.Group), b.Fence, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.claim(ctx, feed{part: pt, fence: fence}, 0); err != nil {
-		t.Fatal(err)
+	if res := e.Handle(ctx, b); res[0].Err != nil || res[0].Outcome != "approve" {
+		t.Fatalf("applying with the lease: %+v, want approve", res)
 	}
-	if rep, _ := ReadReport(ctx, rdb.Client, Keys{Prefix: rdb.Prefix + "fraud:"}); rep.Verdicts != 1 {
+	if rep, _ := ReadReport(ctx, rdb.Client, keys); rep.Verdicts != 1 {
 		t.Fatalf("%d verdicts after the owner applied the entry, want 1", rep.Verdicts)
-	}
-}
-
-// The previous owner of a partition, not yet aware that it lost the lease,
-// can read entries after the new owner's takeover (its blocked XREADGROUP
-// returns them): they stay in its pending list, fenced. The new owner applies
-// them before any later entry it reads, so the sender's order holds.
-func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
-	rdb := outboxtest.NewRedis(t)
-	ctx := context.Background()
-	stream := rdb.Prefix + "outbox.event.transfer"
-	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "new", AuditLen: 100})
-	pt := c.parts[0]
-	fence, err := c.lease(ctx, pt)
-	if err != nil || fence == "" {
-		t.Fatalf("lease: %q %v", fence, err)
-	}
-	first := publish(t, rdb, stream, "ana", 100, time.Now())
-	// The old owner's late read: the entry is delivered to it, not applied.
-	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: DefaultGroup, Consumer: "old",
-		Streams: []string{stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	second := publish(t, rdb, stream, "ana", 200, time.Now())
-	if _, err := c.readNew(ctx, feed{part: pt, fence: fence}); err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := rdb.XRange(ctx, pt.keys.Audit(), "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var applied []string
-	for _, m := range msgs {
-		applied = append(applied, m.Values["transfer_id"].(string))
-	}
-	if want := []string{first.String(), second.String()}; fmt.Sprint(applied) != fmt.Sprint(want) {
-		t.Fatalf("applied %v, want %v (in settled order)", applied, want)
-	}
-	if p, err := rdb.XPending(ctx, stream, DefaultGroup).Result(); err != nil || p.Count != 0 {
-		t.Fatalf("pending %+v (%v), want none", p, err)
-	}
-}
-
-// A consumer restarted under its own name takes its partitions back at once:
-// the process that held them under that name is gone (it no longer holds
-// the name), so waiting for their leases would only delay the stream.
-func TestRestartedConsumerResumesItsPartitionsAtOnce(t *testing.T) {
-	rdb := outboxtest.NewRedis(t)
-	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", PartitionLease: time.Hour}
-	crashed, err := New(rdb.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := crashed.lease(ctx, crashed.parts[0])
-	if err != nil || old == "" {
-		t.Fatalf("lease: %q %v", old, err)
-	}
-	restarted, _ := New(rdb.Client, cfg)
-	v, err := restarted.lease(ctx, restarted.parts[0])
-	if err != nil || v == "" || v == old {
-		t.Fatalf("restarted consumer's lease: %q (%v), want a new epoch after %q", v, err, old)
-	}
-	other, _ := New(rdb.Client, Config{Stream: cfg.Stream, KeyPrefix: cfg.KeyPrefix, Consumer: "c2"})
-	if v, err := other.lease(ctx, other.parts[0]); err != nil || v != "" {
-		t.Fatalf("another consumer took a live lease: %q %v", v, err)
 	}
 }
 

@@ -54,6 +54,9 @@ func TestDependencyRules(t *testing.T) {
 		{"transfer", "relay", "writers write the outbox; publishing is the relay's"},
 		{"relay", "transfer", "the relay publishes any event type"},
 		{"fraud", "transfer", "a consumer needs the event contract (transfer/settled), not the writer and its driver"},
+		{"consumer", "relay", "the consumer package reads the stream's wire format (relay/entry), not the relay"},
+		{"consumer", "transfer", "the consumer package consumes any event type"},
+		{"consumer", "fraud", "anti-fraud is one user of the consumer package, not part of it"},
 	} {
 		deps, ok := all[r.pkg]
 		if !ok {

@@ -11,8 +11,9 @@
 // worse than a crash: when armed, it returns an error once, on the N-th hit,
 // and the process goes on running (the error path is what is tested).
 //
-// Kill points: relay.after-claim, relay.after-xadd, fraud.after-read,
-// fraud.after-effect. Error points: relay.after-busy.
+// Kill points: relay.after-claim, relay.after-xadd, and of each consumer
+// (package consumer, Config.Name) <name>.after-read and <name>.after-effect
+// (fraud.after-read, fraud.after-effect). Error points: relay.after-busy.
 //
 // Fail points exist only in binaries built with -tags failpoint (the crash
 // tests, the chaos suite and make demo build theirs so). Without the tag,

@@ -1,4 +1,4 @@
-package fraud
+package consumer
 
 import (
 	"context"
@@ -20,20 +20,20 @@ var (
 // invalid handles an entry that can never be processed: it stays pending (it
 // is redelivered by ClaimIdle) until it has been delivered MaxDeliveries
 // times, then it moves to the dead-letter stream.
-func (c *Consumer) invalid(ctx context.Context, f feed, m redis.XMessage, cause error) {
-	log := c.log.With(slog.String("entry_id", m.ID), slog.Any("error", cause))
-	if id, ok := m.Values[entry.EventID].(string); ok {
+func (c *Consumer) invalid(ctx context.Context, f feed, m invalidEntry) {
+	log := c.log.With(slog.String("entry_id", m.id), slog.Any("error", m.err))
+	if id, ok := m.values[entry.EventID].(string); ok {
 		log = log.With(slog.String("event_id", id))
 	}
-	if t, ok := m.Values[entry.EventType].(string); ok {
+	if t, ok := m.values[entry.EventType].(string); ok {
 		log = log.With(slog.String("event_type", t))
 	}
-	if a, ok := m.Values[entry.AggregateID].(string); ok {
+	if a, ok := m.values[entry.AggregateID].(string); ok {
 		log = log.With(slog.String("aggregate_id", a))
 	}
 	c.stats.failed.Add(1)
 	pend, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: f.stream, Group: c.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+		Stream: f.stream, Group: c.cfg.Group, Start: m.id, End: m.id, Count: 1,
 	}).Result()
 	if err != nil || len(pend) == 0 {
 		log.Warn("invalid entry stays pending", slog.Any("xpending_error", err))
@@ -47,7 +47,7 @@ func (c *Consumer) invalid(ctx context.Context, f feed, m redis.XMessage, cause 
 	}
 	moved, err := deadLetterScript.Run(ctx, c.rdb,
 		[]string{f.stream, f.keys.DeadLetters(), f.keys.Stats()},
-		c.cfg.Group, m.ID, cause.Error(), deliveries, c.cfg.Consumer).Int()
+		c.cfg.Group, m.id, m.err.Error(), deliveries, c.cfg.Consumer).Int()
 	if err != nil {
 		log.Error("dead-lettering failed; entry stays pending", slog.Any("dlq_error", err))
 		return

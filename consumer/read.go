@@ -1,4 +1,4 @@
-package fraud
+package consumer
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
 				return feed{part: pt}
 			}
 		}
-		panic("fraud: XREADGROUP replied with a stream it was not asked for: " + stream)
+		panic("consumer: XREADGROUP replied with a stream it was not asked for: " + stream)
 	})
 }
 
@@ -224,9 +224,10 @@ func (c *Consumer) deliveries(ctx context.Context, f feed, msgs []redis.XMessage
 	return func(id string) int64 { return counts[id] }
 }
 
-// retryDelay backs off to 5s: a consumer failing on every entry must not spin.
+// retryDelay backs off to MaxRetryDelay: a consumer failing on every entry
+// must not spin.
 func retryDelay(failures int) time.Duration {
-	return retry.Backoff(failures, 100*time.Millisecond, 5*time.Second)
+	return retry.Backoff(failures, 100*time.Millisecond, MaxRetryDelay)
 }
 
 func isTimeout(err error) bool {

@@ -1,4 +1,4 @@
-package fraud
+package consumer
 
 import (
 	"context"
