@@ -20,6 +20,11 @@ const (
 	DefaultClaimMinIdle   = 30 * time.Second
 	DefaultMaxDeliveries  = 5
 	DefaultPartitionLease = 10 * time.Second
+	// DefaultRelayRedelivery bounds how long after an event's first
+	// publication a relay with the default settings may publish it again
+	// (relay.Config.RedeliveryWindow: 57.5 minutes; a test keeps the two in
+	// step).
+	DefaultRelayRedelivery = time.Hour
 	// MaxRetryDelay is the longest a consumer waits before it retries a
 	// delivery that failed (its backoff's cap).
 	MaxRetryDelay = 5 * time.Second
@@ -74,6 +79,12 @@ type Config struct {
 	// without renewal (renewed every PartitionLease/4): a dead consumer's
 	// partitions move to the others within it.
 	PartitionLease time.Duration
+	// RelayRedelivery is how long after an event's first publication the
+	// relays feeding the stream may publish it again
+	// (relay.Config.RedeliveryWindow). A handler's dedupe records must
+	// outlive it: New checks (CheckDedupeWindow). Default
+	// DefaultRelayRedelivery.
+	RelayRedelivery time.Duration
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the consumer's Prometheus metrics.
@@ -97,6 +108,7 @@ func (c Config) withDefaults() Config {
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	c.Partitions = cmp.Or(c.Partitions, 1)
 	c.PartitionLease = cmp.Or(c.PartitionLease, DefaultPartitionLease)
+	c.RelayRedelivery = cmp.Or(c.RelayRedelivery, DefaultRelayRedelivery)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
@@ -138,30 +150,31 @@ func (c Config) validate() error {
 		return partition.Validate(c.Partitions)
 	case c.PartitionLease < 4*time.Millisecond || c.PartitionLease <= c.Block:
 		return fmt.Errorf("partition lease %s: must be longer than the block %s", c.PartitionLease, c.Block)
+	case c.RelayRedelivery < 0:
+		return fmt.Errorf("relay redelivery %s: must not be negative", c.RelayRedelivery)
 	}
 	return nil
 }
 
 // RedeliveryWindow is how long after its effect was applied a message can
-// still be delivered again by this consumer's group: an entry whose
-// acknowledgement was lost is claimed again after ClaimMinIdle, once the
-// retry backoff lets it. A dedupe record (an inbox row, a marker key) must
-// outlive it, and the relay's own window (relay.Config.RedeliveryWindow):
-// see CheckDedupeWindow.
+// still be delivered again: by the relays (RelayRedelivery), or by this
+// consumer's group (an entry whose acknowledgement was lost is claimed again
+// after ClaimMinIdle, within a ClaimInterval, once the retry backoff lets
+// it). A dedupe record (an inbox row, a marker key) must outlive it.
 func (c Config) RedeliveryWindow() time.Duration {
 	c = c.withDefaults()
-	return c.ClaimMinIdle + c.ClaimInterval + MaxRetryDelay
+	return c.RelayRedelivery + c.ClaimMinIdle + c.ClaimInterval + MaxRetryDelay
 }
 
 // CheckDedupeWindow reports why keeping dedupe records for ttl cannot make
-// effects exactly-once: a message may be delivered again, by the relay
-// (relayWindow: relay.Config.RedeliveryWindow) or by this consumer's group,
-// after its record is gone.
-func (c Config) CheckDedupeWindow(ttl, relayWindow time.Duration) error {
-	if need := relayWindow + c.RedeliveryWindow(); ttl <= need {
+// effects exactly-once: a message may be delivered again after its record
+// is gone (RedeliveryWindow). New runs it for a handler that says how long
+// it keeps its records (Deduper).
+func (c Config) CheckDedupeWindow(ttl time.Duration) error {
+	if need := c.RedeliveryWindow(); ttl <= need {
 		return fmt.Errorf("%w: dedupe records kept %s, but a message can be delivered again up to %s after its effect "+
-			"(the relay's lease, reaper and backoff: %s; this consumer's claim min idle, claim interval and retry backoff: %s): "+
-			"keep them longer", ErrConfig, ttl, need, relayWindow, c.RedeliveryWindow())
+			"(the relays' redelivery window %s, and this consumer's claim min idle, claim interval and retry backoff): "+
+			"keep them longer", ErrConfig, ttl, need, c.withDefaults().RelayRedelivery)
 	}
 	return nil
 }

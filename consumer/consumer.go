@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,11 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 	}
 	if h == nil {
 		return nil, fmt.Errorf("%w: no handler", ErrConfig)
+	}
+	if d, ok := h.(Deduper); ok {
+		if err := cfg.CheckDedupeWindow(d.DedupeTTL()); err != nil {
+			return nil, err
+		}
 	}
 	return &Consumer{
 		cfg:         cfg,
@@ -159,6 +165,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.releaseName()
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream), slog.Int("partitions", c.cfg.Partitions))
+	if m, ok := c.handler.(Maintainer); ok {
+		var wg sync.WaitGroup
+		wg.Go(func() { m.Maintain(ctx) })
+		defer wg.Wait()
+	}
 	c.own(ctx)
 	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
 	return nil

@@ -291,6 +291,11 @@ func TestHandlerResultsMustMatchItsBatch(t *testing.T) {
 	}
 }
 
+// shortLived is a handler whose dedupe records live a minute.
+type shortLived struct{ *recorder }
+
+func (shortLived) DedupeTTL() time.Duration { return time.Minute }
+
 func TestConfigValidate(t *testing.T) {
 	ok := Config{Name: "ledger", Stream: "outbox.event.transfer"}
 	if err := ok.Validate(); err != nil {
@@ -314,10 +319,18 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("New without a handler: %v, want an ErrConfig", err)
 	}
 	// Dedupe records must outlive every redelivery.
-	if err := ok.CheckDedupeWindow(time.Minute, 6*time.Minute); !errors.Is(err, ErrConfig) {
-		t.Errorf("a minute of dedupe against a 6-minute relay window: %v, want an ErrConfig", err)
+	if err := ok.CheckDedupeWindow(time.Hour); !errors.Is(err, ErrConfig) {
+		t.Errorf("an hour of dedupe against the relays' hour: %v, want an ErrConfig", err)
 	}
-	if err := ok.CheckDedupeWindow(24*time.Hour, 6*time.Minute); err != nil {
+	if err := ok.CheckDedupeWindow(24 * time.Hour); err != nil {
 		t.Errorf("a day of dedupe: %v", err)
+	}
+	short := ok
+	short.RelayRedelivery = 10 * time.Minute
+	if err := short.CheckDedupeWindow(time.Hour); err != nil {
+		t.Errorf("an hour of dedupe against relays that redeliver within 10 minutes: %v", err)
+	}
+	if _, err := New(redis.NewClient(&redis.Options{}), shortLived{}, ok); !errors.Is(err, ErrConfig) {
+		t.Errorf("New with a handler whose records live a minute: %v, want an ErrConfig", err)
 	}
 }

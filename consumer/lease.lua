@@ -1,8 +1,8 @@
 -- Take or renew a consumer's lease on one partition of a group.
 --
 -- The lease value is "<epoch>|<holder>": holder is the consumer's name and
--- process token; epoch comes from a counter that only grows, so every
--- acquisition has a value no earlier holder ever had. The effect script
+-- process token; epoch only grows, so every acquisition has a value no
+-- earlier holder ever had, and a later acquisition a greater epoch. The effect script
 -- compares the lease value with the one its consumer holds (the fencing
 -- token): a consumer that lost its lease, however late its writes arrive,
 -- can never apply an effect over the new owner.
@@ -30,10 +30,17 @@ if cur then
     return false
   end
 end
-local value = redis.call('INCR', KEYS[2]) .. '|' .. ARGV[1]
--- The counter is bounded like every other key: it lives a week past the
--- last acquisition. Were it to expire and restart, values would still
--- differ by the holder's process token.
-redis.call('PEXPIRE', KEYS[2], 604800000)
+-- The epoch only grows: the next one is the last one plus one, or the
+-- server's time in milliseconds if that is greater. The counter is bounded
+-- like every other key (it lives a week past the last acquisition); were it
+-- to expire, the clock keeps the next epoch above every earlier one, so a
+-- fence kept outside Redis (the inbox's consumer_fences, compared by
+-- epoch) never sees one go back.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, now)
+local e = string.format('%d', epoch)
+redis.call('SET', KEYS[2], e, 'PX', 604800000)
+local value = e .. '|' .. ARGV[1]
 redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
 return value

@@ -83,6 +83,21 @@ type Handler interface {
 	Handle(ctx context.Context, b Batch) []Result
 }
 
+// Deduper is a Handler that keeps its dedupe records for a time: New
+// rejects a time shorter than a message can be delivered again
+// (Config.CheckDedupeWindow).
+type Deduper interface {
+	DedupeTTL() time.Duration
+}
+
+// Maintainer is a Handler with work of its own to do while the consumer
+// runs (the inbox deletes the records past their retention): Run calls
+// Maintain in a goroutine of its own and waits for it to return after ctx
+// is cancelled.
+type Maintainer interface {
+	Maintain(ctx context.Context)
+}
+
 // HandlerFunc is a Handler made of a function.
 type HandlerFunc func(ctx context.Context, b Batch) []Result
 

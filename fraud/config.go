@@ -51,8 +51,16 @@ type Config struct {
 	// gets before it is moved to the dead-letter stream.
 	MaxDeliveries int
 	// DedupeTTL is how long a processed event id is remembered. It must exceed
-	// every redelivery window (stream retention, outbox lease and outages).
+	// every redelivery window: New rejects one that does not outlive the
+	// relays' (RelayRedelivery) and the group's own
+	// (consumer.Config.CheckDedupeWindow). Outages longer than it are not
+	// covered: a consumer stopped for longer than the TTL with entries read
+	// and not acknowledged applies them again.
 	DedupeTTL time.Duration
+	// RelayRedelivery is how long after an event's first publication the
+	// relays may publish it again (relay.Config.RedeliveryWindow). Default
+	// consumer.DefaultRelayRedelivery.
+	RelayRedelivery time.Duration
 	// Partitions is how many partitions the relay splits the stream into
 	// (relay.Config.Partitions; they must agree). The consumers of a group
 	// divide the partitions among themselves, each partition applied by one
@@ -173,7 +181,7 @@ func (c Config) engine() consumer.Config {
 		Name: "fraud", Stream: c.Stream, Group: c.Group, Consumer: c.Consumer, KeyPrefix: c.KeyPrefix,
 		BatchSize: c.BatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
 		MaxDeliveries: c.MaxDeliveries, Partitions: c.Partitions, PartitionLease: c.PartitionLease,
-		Logger: c.Logger, Metrics: c.Metrics,
+		RelayRedelivery: c.RelayRedelivery, Logger: c.Logger, Metrics: c.Metrics,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,6 +19,10 @@ type effects struct {
 	rdb redis.Cmdable
 	log *slog.Logger
 }
+
+// DedupeTTL is how long the dedupe markers live: consumer.New checks that
+// they outlive every redelivery.
+func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 
 // Handle applies the effect of each message of b.
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {

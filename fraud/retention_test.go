@@ -25,7 +25,7 @@ func TestEveryKeyTheConsumerWritesIsBounded(t *testing.T) {
 	const retention = 48 * time.Hour
 	c, err := New(rdb.Client, Config{
 		Stream: stream, KeyPrefix: prefix, Consumer: "c1",
-		AmountLimitCents: 50_000, Retention: retention, DedupeTTL: time.Hour, Window: time.Hour,
+		AmountLimitCents: 50_000, Retention: retention, DedupeTTL: 2 * time.Hour, Window: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -171,6 +171,18 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// RedeliveryWindow bounds how long after an event's first publication a
+// relay may publish it again: each of its MaxAttempts attempts can end in a
+// publish that reached the broker but was not marked (the relay died, or the
+// broker's reply was lost), and the next one follows within a lease, a
+// reaper interval and a backoff. A consumer's dedupe records must outlive it
+// (consumer.Config.RelayRedelivery). An operator's retry of a dead event
+// (outbox dead retry) publishes it again whenever it runs.
+func (c Config) RedeliveryWindow() time.Duration {
+	c = c.withDefaults()
+	return time.Duration(c.MaxAttempts) * (c.Lease + c.ReapInterval + c.PublishTimeout + c.BackoffMax)
+}
+
 // ErrConfig is wrapped by every error of Validate, and so of New for a
 // Config that cannot work.
 var ErrConfig = errors.New("relay config")

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tedbank/outbox/consumer"
 )
 
 func TestConfigDefaults(t *testing.T) {
@@ -127,5 +129,19 @@ func TestPipelineDown(t *testing.T) {
 	}
 	if !strings.Contains(fmt.Sprint(errBrokerDown), "broker") {
 		t.Fatal("errBrokerDown text")
+	}
+}
+
+// A consumer's default dedupe window for the relays
+// (consumer.DefaultRelayRedelivery) covers the relay's default redelivery
+// window: every attempt of an event, each of which may have reached the
+// broker.
+func TestDefaultRedeliveryWindowFitsTheConsumers(t *testing.T) {
+	w := Config{}.RedeliveryWindow()
+	if w <= 0 || w > consumer.DefaultRelayRedelivery {
+		t.Fatalf("relay redelivery window %s: must be positive and within consumer.DefaultRelayRedelivery %s", w, consumer.DefaultRelayRedelivery)
+	}
+	if got := (Config{MaxAttempts: 20}).RedeliveryWindow(); got != 2*w {
+		t.Fatalf("with twice the attempts the window is %s, want %s", got, 2*w)
 	}
 }

@@ -25,6 +25,9 @@ var (
 	adminDeadList            = prepare("admin_dead_list", "max_rows")
 	adminDeadRetry           = prepare("admin_dead_retry", "ids")
 	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
+	inboxCleanup             = prepare("inbox_cleanup", "consumer_group", "before", "batch")
+	inboxFence               = prepare("inbox_fence", "consumer_group", "partition", "epoch")
+	inboxInsert              = prepare("inbox_insert", "consumer_group", "event_ids")
 	metricsOutbox            = prepare("metrics_outbox")
 	outboxInsert             = prepare("outbox_insert", "ids", "aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "partition_keys")
 	outboxLockPartitions     = prepare("outbox_lock_partitions", "lock_slots")
@@ -76,6 +79,21 @@ func AdminDeadRetry(ids []uuid.UUID) Statement {
 // AdminDeadRetryAll is queries/admin_dead_retry_all.sql.
 func AdminDeadRetryAll(afterSeq int64, batch int64) Statement {
 	return adminDeadRetryAll.with(afterSeq, batch)
+}
+
+// InboxCleanup is queries/inbox_cleanup.sql.
+func InboxCleanup(consumerGroup string, before time.Time, batch int64) Statement {
+	return inboxCleanup.with(consumerGroup, before, batch)
+}
+
+// InboxFence is queries/inbox_fence.sql.
+func InboxFence(consumerGroup string, partition int, epoch int64) Statement {
+	return inboxFence.with(consumerGroup, partition, epoch)
+}
+
+// InboxInsert is queries/inbox_insert.sql.
+func InboxInsert(consumerGroup string, eventIDs []uuid.UUID) Statement {
+	return inboxInsert.with(consumerGroup, eventIDs)
 }
 
 // MetricsOutbox is queries/metrics_outbox.sql.

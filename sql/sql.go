@@ -19,6 +19,13 @@ import (
 //go:embed migrations/*.sql
 var Migrations embed.FS
 
+// InboxMigrations holds inbox/NNNN_name.sql: the schema of a consumer's own
+// database (package consumer/inbox), applied by inbox.Migrate and recorded
+// in consumer_schema_migrations.
+//
+//go:embed inbox/*.sql
+var InboxMigrations embed.FS
+
 //go:embed queries/*.sql
 var queries embed.FS
 

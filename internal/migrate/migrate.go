@@ -1,8 +1,10 @@
-// Package migrate applies the embedded schema migrations in sql/migrations.
+// Package migrate applies the embedded schema migrations: those of the
+// outbox's database in sql/migrations (Up), and those of a consumer's own
+// database, its inbox, in sql/inbox (UpInbox).
 //
 // Each migration runs in its own transaction together with the row that
-// records it in outbox_schema_migrations, so a migration is applied entirely
-// or not at all. A session-level advisory lock serializes concurrent runs:
+// records it (in outbox_schema_migrations, or consumer_schema_migrations), so
+// a migration is applied entirely or not at all. A session-level advisory lock serializes concurrent runs:
 // two processes starting at once both succeed, and the second applies nothing.
 package migrate
 
@@ -21,8 +23,19 @@ import (
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
-// lockKey is the advisory lock that serializes migration runs ("outbox-m").
-const lockKey int64 = 0x6f7574626f782d6d
+// A set of migrations: where they are, where they are recorded, and the
+// advisory lock that serializes their runs.
+type set struct {
+	fsys  fs.FS
+	dir   string
+	table string
+	lock  int64
+}
+
+var (
+	outbox = set{outboxsql.Migrations, "migrations", "outbox_schema_migrations", 0x6f7574626f782d6d}   // "outbox-m"
+	inbox  = set{outboxsql.InboxMigrations, "inbox", "consumer_schema_migrations", 0x696e626f782d6d67} // "inbox-mg"
+)
 
 // Migration is one numbered schema change.
 type Migration struct {
@@ -37,10 +50,13 @@ type Result struct {
 	Current int         // schema version after the run
 }
 
-// All returns the embedded migrations in version order.
-func All() ([]Migration, error) {
-	return load(outboxsql.Migrations, "migrations")
-}
+// All returns the embedded migrations of the outbox's database in version
+// order.
+func All() ([]Migration, error) { return load(outbox.fsys, outbox.dir) }
+
+// AllInbox returns the embedded migrations of a consumer's inbox in version
+// order.
+func AllInbox() ([]Migration, error) { return load(inbox.fsys, inbox.dir) }
 
 func load(fsys fs.FS, dir string) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, dir)
@@ -72,39 +88,43 @@ func load(fsys fs.FS, dir string) ([]Migration, error) {
 	return out, nil
 }
 
-// Up applies every embedded migration that the database has not recorded yet.
-func Up(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
-	migrations, err := All()
+// Up applies every embedded migration of the outbox that the database has
+// not recorded yet.
+func Up(ctx context.Context, pool *pgxpool.Pool) (Result, error) { return apply(ctx, pool, outbox) }
+
+// UpInbox applies every embedded migration of a consumer's inbox that the
+// database has not recorded yet.
+func UpInbox(ctx context.Context, pool *pgxpool.Pool) (Result, error) { return apply(ctx, pool, inbox) }
+
+func apply(ctx context.Context, pool *pgxpool.Pool, set set) (Result, error) {
+	migrations, err := load(set.fsys, set.dir)
 	if err != nil {
 		return Result{}, err
 	}
-	return apply(ctx, pool, migrations)
-}
-
-func apply(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) (Result, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return Result{}, fmt.Errorf("migrate: connect: %w", err)
 	}
 	defer conn.Release()
 
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", set.lock); err != nil {
 		return Result{}, fmt.Errorf("migrate: take lock: %w", err)
 	}
 	defer func() {
 		// Unlock even if ctx was cancelled; a broken connection drops the lock anyway.
-		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey)
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", set.lock)
 	}()
 
-	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+	// set.table is one of the two names above, never input.
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+set.table+` (
 		version    integer     PRIMARY KEY,
 		name       text        NOT NULL,
 		applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		return Result{}, fmt.Errorf("migrate: create outbox_schema_migrations: %w", err)
+		return Result{}, fmt.Errorf("migrate: create %s: %w", set.table, err)
 	}
 
 	var current int
-	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM outbox_schema_migrations").Scan(&current); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+set.table).Scan(&current); err != nil {
 		return Result{}, fmt.Errorf("migrate: read version: %w", err)
 	}
 
@@ -117,7 +137,7 @@ func apply(ctx context.Context, pool *pgxpool.Pool, migrations []Migration) (Res
 			if _, err := tx.Exec(ctx, m.SQL); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO outbox_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			_, err := tx.Exec(ctx, "INSERT INTO "+set.table+" (version, name) VALUES ($1, $2)", m.Version, m.Name)
 			return err
 		})
 		if err != nil {

@@ -61,11 +61,14 @@ func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
 	}
 }
 
-// Every query file prepares against the migrated schema: no typo survives to
-// run time.
+// Every query file prepares against the migrated schema (the outbox's and
+// the inbox's): no typo survives to run time.
 func TestQueriesPrepare(t *testing.T) {
 	pool := outboxtest.Postgres(t)
 	ctx := context.Background()
+	if _, err := migrate.UpInbox(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
