@@ -109,10 +109,15 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 	}, nil
 }
 
-// Ready reports why the consumer cannot do its work right now, or nil.
+// Ready reports why the consumer cannot do its work right now, or nil: Redis
+// does not answer, or the handler says why (a handler with a method
+// Ready(ctx) error, as the inbox's, which pings its database).
 func (c *Consumer) Ready(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
+	}
+	if r, ok := c.handler.(interface{ Ready(context.Context) error }); ok {
+		return r.Ready(ctx)
 	}
 	return nil
 }

@@ -28,6 +28,9 @@ var (
 	inboxCleanup             = prepare("inbox_cleanup", "consumer_group", "before", "batch")
 	inboxFence               = prepare("inbox_fence", "consumer_group", "partition", "epoch")
 	inboxInsert              = prepare("inbox_insert", "consumer_group", "event_ids")
+	ledgerBalances           = prepare("ledger_balances")
+	ledgerPost               = prepare("ledger_post", "transfer_id", "event_id", "from_account", "to_account", "amount_cents", "currency", "settled_at")
+	ledgerPostings           = prepare("ledger_postings", "transfer_ids")
 	metricsOutbox            = prepare("metrics_outbox")
 	outboxInsert             = prepare("outbox_insert", "ids", "aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "partition_keys")
 	outboxLockPartitions     = prepare("outbox_lock_partitions", "lock_slots")
@@ -94,6 +97,21 @@ func InboxFence(consumerGroup string, partition int, epoch int64) Statement {
 // InboxInsert is queries/inbox_insert.sql.
 func InboxInsert(consumerGroup string, eventIDs []uuid.UUID) Statement {
 	return inboxInsert.with(consumerGroup, eventIDs)
+}
+
+// LedgerBalances is queries/ledger_balances.sql.
+func LedgerBalances() Statement {
+	return ledgerBalances.with()
+}
+
+// LedgerPost is queries/ledger_post.sql.
+func LedgerPost(transferID uuid.UUID, eventID uuid.UUID, fromAccount string, toAccount string, amountCents int64, currency string, settledAt time.Time) Statement {
+	return ledgerPost.with(transferID, eventID, fromAccount, toAccount, amountCents, currency, settledAt)
+}
+
+// LedgerPostings is queries/ledger_postings.sql.
+func LedgerPostings(transferIDs []uuid.UUID) Statement {
+	return ledgerPostings.with(transferIDs)
 }
 
 // MetricsOutbox is queries/metrics_outbox.sql.

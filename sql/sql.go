@@ -26,6 +26,12 @@ var Migrations embed.FS
 //go:embed inbox/*.sql
 var InboxMigrations embed.FS
 
+// LedgerMigrations holds ledger/NNNN_name.sql: the schema of the ledger
+// example's database (package ledger), recorded in ledger_schema_migrations.
+//
+//go:embed ledger/*.sql
+var LedgerMigrations embed.FS
+
 //go:embed queries/*.sql
 var queries embed.FS
 

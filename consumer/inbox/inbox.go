@@ -129,6 +129,15 @@ func Migrate(ctx context.Context, db *pgxpool.Pool) ([]string, error) {
 	return names, err
 }
 
+// Ready reports why the inbox cannot apply effects right now (its database
+// does not answer), or nil; the consumer's Ready asks it.
+func (in *Inbox) Ready(ctx context.Context) error {
+	if err := in.db.Ping(ctx); err != nil {
+		return fmt.Errorf("inbox database: %w", err)
+	}
+	return nil
+}
+
 // DedupeTTL is the inbox's retention (consumer.Deduper).
 func (in *Inbox) DedupeTTL() time.Duration { return in.cfg.Retention }
 

@@ -217,7 +217,9 @@ func TestStaleOwnerCommitsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := func() consumer.Message { return consumer.Message{ID: uuid.New(), Type: "thing.happened", AggregateID: "a"} }
+	msg := func() consumer.Message {
+		return consumer.Message{ID: uuid.New(), Type: "thing.happened", AggregateID: "a"}
+	}
 	batch := func(fence string, m consumer.Message) consumer.Batch {
 		return consumer.Batch{Group: "things", Partition: 3, Fence: fence, Messages: []consumer.Message{m}}
 	}

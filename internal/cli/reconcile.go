@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/reconcile"
@@ -24,6 +26,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix")
 	retention := fs.Duration("retention", fraud.DefaultRetention, "anti-fraud's --retention: verdicts older than it have expired and are not looked for")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream and of anti-fraud's state, as the relays and consumers run them")
+	ledgerURL := ledgerDatabaseFlag(e, fs, "also check the ledger example's database: every published transfer posted exactly once (off when empty)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -57,6 +60,13 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
+	var ledgerDB *pgxpool.Pool
+	if *ledgerURL != "" {
+		if ledgerDB, err = openLedger(ctx, *ledgerURL, "outbox-reconcile"); err != nil {
+			return err
+		}
+		defer ledgerDB.Close()
+	}
 	now := time.Now()
 	g := time.Duration(grace)
 	if g == 0 {
@@ -64,7 +74,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	}
 	rep, err := reconcile.Run(ctx, pool, rdb, reconcile.Options{
 		Since: now.Add(-time.Duration(since)), Grace: g, Stream: *stream, KeyPrefix: *keyPrefix, Now: now,
-		Retention: *retention, Partitions: parts,
+		Retention: *retention, Partitions: parts, Ledger: ledgerDB,
 	})
 	if err != nil {
 		return err
@@ -84,18 +94,24 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 
 // differences names each kind of difference in rep with its count.
 func differences(rep reconcile.Report) []string {
-	var out []string
-	for _, d := range []struct {
+	type kind struct {
 		name string
 		n    int
-	}{
+	}
+	kinds := []kind{
 		{"transfers without their event", rep.MissingEvent.Count},
 		{"events without their transfer", rep.Orphan.Count},
 		{"events not published", rep.Unpublished.Count},
 		{"published events without a verdict", rep.NoVerdict.Count},
 		{"published events gone from the stream without a verdict", rep.NotInStream.Count},
 		{"senders whose anti-fraud totals differ", rep.TotalsDiffer},
-	} {
+	}
+	if l := rep.Ledger; l != nil {
+		kinds = append(kinds, kind{"published transfers not in the ledger", l.NotPosted.Count},
+			kind{"transfers posted more than once", l.Doubled.Count}, kind{"transfers posted with wrong entries", l.Wrong.Count})
+	}
+	var out []string
+	for _, d := range kinds {
 		if d.n > 0 {
 			out = append(out, fmt.Sprintf("%d %s", d.n, d.name))
 		}
@@ -127,6 +143,12 @@ func printReconcile(w io.Writer, rep reconcile.Report) {
 	}
 	if rep.TotalsDiffer > len(rep.SenderDiffs) {
 		fmt.Fprintf(w, "... and %d more senders whose totals differ\n", rep.TotalsDiffer-len(rep.SenderDiffs))
+	}
+	if l := rep.Ledger; l != nil {
+		fmt.Fprintf(w, "ledger: checked %d published transfers\n", l.Checked)
+		line("published, not in the ledger", l.NotPosted, "the ledger consumer is behind or stuck (outbox status; its logs)")
+		line("posted more than once", l.Doubled, "an effect applied twice: the inbox must record each event id in the posting's transaction")
+		line("posted with wrong entries", l.Wrong, "entries that are not the transfer's debit and credit: written by something else than the ledger")
 	}
 	if rep.OK {
 		fmt.Fprintln(w, "ok: nothing differs")

@@ -35,6 +35,7 @@ type set struct {
 var (
 	outbox = set{outboxsql.Migrations, "migrations", "outbox_schema_migrations", 0x6f7574626f782d6d}   // "outbox-m"
 	inbox  = set{outboxsql.InboxMigrations, "inbox", "consumer_schema_migrations", 0x696e626f782d6d67} // "inbox-mg"
+	ledger = set{outboxsql.LedgerMigrations, "ledger", "ledger_schema_migrations", 0x6c65646765722d6d} // "ledger-m"
 )
 
 // Migration is one numbered schema change.
@@ -95,6 +96,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool) (Result, error) { return apply(
 // UpInbox applies every embedded migration of a consumer's inbox that the
 // database has not recorded yet.
 func UpInbox(ctx context.Context, pool *pgxpool.Pool) (Result, error) { return apply(ctx, pool, inbox) }
+
+// UpLedger applies every embedded migration of the ledger example (package
+// ledger) that the database has not recorded yet.
+func UpLedger(ctx context.Context, pool *pgxpool.Pool) (Result, error) {
+	return apply(ctx, pool, ledger)
+}
 
 func apply(ctx context.Context, pool *pgxpool.Pool, set set) (Result, error) {
 	migrations, err := load(set.fsys, set.dir)

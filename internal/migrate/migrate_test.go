@@ -66,8 +66,10 @@ func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
 func TestQueriesPrepare(t *testing.T) {
 	pool := outboxtest.Postgres(t)
 	ctx := context.Background()
-	if _, err := migrate.UpInbox(ctx, pool); err != nil {
-		t.Fatal(err)
+	for _, up := range []func(context.Context, *pgxpool.Pool) (migrate.Result, error){migrate.UpInbox, migrate.UpLedger} {
+		if _, err := up(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {

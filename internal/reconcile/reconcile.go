@@ -12,7 +12,10 @@
 //     or gone (deleted before anti-fraud read it: lost to it);
 //   - each sender's anti-fraud totals over the retained days equal the sums
 //     over the sender's transfers that have a verdict (a verdict and the day
-//     totals it counts in expire together: fraud.Config.Retention).
+//     totals it counts in expire together: fraud.Config.Retention);
+//   - with the ledger example's database (Options.Ledger), every published
+//     transfer older than the grace period is posted exactly once: its
+//     debit and its credit, of its amount, on its accounts (ledger.go).
 //
 // It reads PostgreSQL in one streamed pass (a hash join, no lock a writer or
 // a relay waits for) and Redis in pipelined batches, so it can run while
@@ -71,6 +74,10 @@ type Options struct {
 	Retention time.Duration
 	// Now is the time the grace period counts back from (zero: time.Now).
 	Now time.Time
+	// Ledger, when set, is the ledger example's database (package ledger):
+	// every published transfer past the grace period must have exactly its
+	// double entry there (Report.Ledger).
+	Ledger *pgxpool.Pool
 }
 
 // Diff is one kind of difference: how many, and the first few ids.
@@ -121,13 +128,16 @@ type Report struct {
 	Senders      int          `json:"senders"`
 	TotalsDiffer int          `json:"totals_differ"`
 	SenderDiffs  []SenderDiff `json:"sender_diffs"`
-	OK           bool         `json:"ok"`
+	// Ledger is the ledger's check, when Options.Ledger is set.
+	Ledger *LedgerReport `json:"ledger,omitempty"`
+	OK     bool          `json:"ok"`
 }
 
 // row is one line of reconcile_events.sql.
 type row struct {
 	TransferID       *string    `db:"transfer_id"`
 	FromAccount      *string    `db:"from_account"`
+	ToAccount        *string    `db:"to_account"`
 	AmountCents      *int64     `db:"amount_cents"`
 	SettledAt        *time.Time `db:"settled_at"`
 	EventID          *string    `db:"event_id"`
@@ -171,6 +181,18 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		pending = pending[:0]
 		return err
 	}
+	var posted []row // published and past the grace period: postings to check
+	if opt.Ledger != nil {
+		rep.Ledger = newLedgerReport()
+	}
+	checkPosted := func() error {
+		if len(posted) == 0 {
+			return nil
+		}
+		err := checkLedger(ctx, opt.Ledger, posted, rep.Ledger)
+		posted = posted[:0]
+		return err
+	}
 	q := outboxsql.ReconcileEvents(opt.Since)
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
@@ -198,12 +220,20 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 			// Young: may still be on its way.
 		case *r.Status != "published":
 			rep.Unpublished.add(*r.EventID)
-		case fraud.DayExpiry(*r.SettledAt, opt.Retention).Before(opt.Now.Add(expiryMargin)):
-			// Its verdict has expired, or may while this runs.
-			rep.PastRetention++
 		default:
-			pending = append(pending, r)
-			if len(pending) == batch {
+			if opt.Ledger != nil {
+				if posted = append(posted, r); len(posted) == batch {
+					if err := checkPosted(); err != nil {
+						return rep, err
+					}
+				}
+			}
+			if fraud.DayExpiry(*r.SettledAt, opt.Retention).Before(opt.Now.Add(expiryMargin)) {
+				// Its verdict has expired, or may while this runs.
+				rep.PastRetention++
+				continue
+			}
+			if pending = append(pending, r); len(pending) == batch {
 				if err := check(); err != nil {
 					return rep, err
 				}
@@ -214,6 +244,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		return rep, fmt.Errorf("read transfers and events: %w", err)
 	}
 	if err := check(); err != nil {
+		return rep, err
+	}
+	if err := checkPosted(); err != nil {
 		return rep, err
 	}
 
@@ -236,7 +269,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		}
 	}
 	rep.OK = rep.MissingEvent.Count == 0 && rep.Orphan.Count == 0 && rep.Unpublished.Count == 0 &&
-		rep.NoVerdict.Count == 0 && rep.NotInStream.Count == 0 && rep.TotalsDiffer == 0
+		rep.NoVerdict.Count == 0 && rep.NotInStream.Count == 0 && rep.TotalsDiffer == 0 && rep.Ledger.ok()
 	return rep, nil
 }
 

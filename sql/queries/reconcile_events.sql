@@ -9,6 +9,7 @@
 -- @since since: transfers settled and events created at or after it.
 SELECT t.id::text        AS transfer_id,
        t.from_account    AS from_account,
+       t.to_account      AS to_account,
        t.amount_cents    AS amount_cents,
        t.settled_at      AS settled_at,
        e.id::text        AS event_id,
@@ -17,7 +18,7 @@ SELECT t.id::text        AS transfer_id,
        e.created_at      AS created_at,
        e.stream_id       AS stream_id,
        coalesce(e.partition_key, e.aggregate_id) AS partition_key
-  FROM (SELECT id, from_account, amount_cents, settled_at FROM transfers WHERE settled_at >= @since) t
+  FROM (SELECT id, from_account, to_account, amount_cents, settled_at FROM transfers WHERE settled_at >= @since) t
   FULL JOIN (SELECT id, aggregate_id, status, created_at, stream_id, partition_key
                FROM outbox_messages
               WHERE aggregate_type = 'transfer' AND event_type = 'transfer.settled'

@@ -1,0 +1,152 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"runtime"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/consumer/inbox"
+	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/metrics"
+	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/ledger"
+	"github.com/tedbank/outbox/transfer"
+)
+
+// ledgerDatabaseFlag defines --ledger-database-url (env LEDGER_DATABASE_URL):
+// the ledger example's own database.
+func ledgerDatabaseFlag(e *env, fs *flag.FlagSet, usage string) *string {
+	return fs.String("ledger-database-url", e.getenv("LEDGER_DATABASE_URL"), usage+" (env LEDGER_DATABASE_URL)")
+}
+
+// openLedger connects to the ledger's database and migrates it (the
+// ledger's tables and the inbox's); the caller closes the pool.
+func openLedger(ctx context.Context, url, app string) (*pgxpool.Pool, error) {
+	if url == "" {
+		return nil, usagef("--ledger-database-url (or LEDGER_DATABASE_URL) is required: the ledger keeps its entries and its inbox in a database of its own")
+	}
+	db, err := connect.Postgres(ctx, url, connect.PostgresOptions{AppName: app, MaxConns: 8})
+	if err != nil {
+		return nil, err
+	}
+	if err := ledger.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate the ledger's database: %w", err)
+	}
+	return db, nil
+}
+
+func runLedger(ctx context.Context, e *env, args []string) error {
+	if len(args) > 0 && args[0] == "balances" {
+		return runLedgerBalances(ctx, e, args[1:])
+	}
+	var c common
+	var cfg ledger.Config
+	cc := &cfg.Consumer
+	fs := e.flags("ledger", &c)
+	usageLine(fs, `outbox ledger [flags]          run the ledger example's consumer (double entries in its own PostgreSQL)
+       outbox ledger balances [flags] print the ledger's balances (see 'outbox ledger balances -h')`)
+	ledgerURL := ledgerDatabaseFlag(e, fs, "the ledger's own PostgreSQL: its entries and its inbox (migrated at start)")
+	fs.StringVar(&cc.Stream, "stream", ledger.DefaultStream, "stream to consume")
+	fs.StringVar(&cc.Group, "group", ledger.DefaultGroup, "consumer group")
+	fs.StringVar(&cc.KeyPrefix, "key-prefix", "ledger:", "prefix of the Redis keys the consumer writes (leases, dead letters)")
+	fs.StringVar(&cc.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
+	fs.IntVar(&cc.BatchSize, "batch", consumer.DefaultBatchSize, "entries per read: one transaction each")
+	fs.DurationVar(&cc.Block, "block", consumer.DefaultBlock, "longest blocking read (bounds shutdown time)")
+	fs.DurationVar(&cc.ClaimInterval, "claim-interval", consumer.DefaultClaimInterval, "how often to claim entries of dead consumers")
+	fs.DurationVar(&cc.ClaimMinIdle, "claim-min-idle", consumer.DefaultClaimMinIdle, "idle time after which an entry is claimed")
+	fs.IntVar(&cc.MaxDeliveries, "max-deliveries", consumer.DefaultMaxDeliveries, "deliveries before an unprocessable entry is dead-lettered")
+	fs.DurationVar(&cc.PartitionLease, "partition-lease", consumer.DefaultPartitionLease, "how long this consumer's hold on a partition lasts unrenewed")
+	fs.DurationVar(&cc.RelayRedelivery, "relay-redelivery", consumer.DefaultRelayRedelivery, "how long after its first publication a relay may publish an event again (attempts × (lease + reap + backoff)); the inbox retention must exceed it")
+	fs.DurationVar(&cfg.Inbox.Retention, "inbox-retention", inbox.DefaultRetention, "how long processed event ids stay in the inbox")
+	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9466 (off when empty)")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	if cc.Partitions, err = partitions(); err != nil {
+		return err
+	}
+	if cc.BatchSize <= 0 || cc.Block <= 0 || cc.ClaimInterval <= 0 || cc.ClaimMinIdle <= 0 || cc.MaxDeliveries <= 0 ||
+		cc.PartitionLease <= 0 || cc.RelayRedelivery <= 0 || cfg.Inbox.Retention <= 0 {
+		return usagef("every numeric flag and duration must be positive")
+	}
+	cc.Logger, cfg.Inbox.Logger = log, log
+	cc.Name = "ledger"
+	if err := cc.Validate(); err != nil {
+		return usageError{err.Error()}
+	}
+	db, err := openLedger(ctx, *ledgerURL, "outbox-ledger")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	pool := max(10*runtime.GOMAXPROCS(0), cc.Partitions+8)
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-ledger", PoolSize: pool})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	stopTracing, err := tracing.Setup(ctx, "outbox-ledger", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(context.WithoutCancel(ctx))
+	reg := metrics.NewRegistry()
+	if *metricsAddr != "" {
+		cc.Metrics = consumer.NewMetrics(reg, "ledger", "")
+		reg.MustRegister(consumer.NewGroupCollector(rdb, "ledger", cc.Stream, cc.Group).WithPartitions(cc.Partitions))
+	}
+	cons, err := ledger.New(db, rdb, cfg)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	if *metricsAddr != "" {
+		addr, err := metrics.Serve(ctx, *metricsAddr, reg, cons.Ready, log)
+		if err != nil {
+			return err
+		}
+		log.Info("serving metrics", "addr", addr)
+	}
+	return cons.Run(ctx)
+}
+
+func runLedgerBalances(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("ledger balances", nil)
+	ledgerURL := ledgerDatabaseFlag(e, fs, "the ledger's own PostgreSQL")
+	asJSON := fs.Bool("json", false, "print JSON: [{\"account\":...,\"balance_cents\":N,\"entries\":N}, ...]")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	db, err := openLedger(ctx, *ledgerURL, "outbox-ledger-balances")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	bs, err := ledger.Balances(ctx, db)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if bs == nil {
+			bs = []ledger.Balance{}
+		}
+		return json.NewEncoder(e.stdout).Encode(bs)
+	}
+	var sum int64
+	for _, b := range bs {
+		fmt.Fprintf(e.stdout, "%-24s %16s  (%d entries)\n", b.Account, "R$ "+transfer.FormatBRL(b.BalanceCents), b.Entries)
+		sum += b.BalanceCents
+	}
+	fmt.Fprintf(e.stdout, "%d accounts; the balances sum to R$ %s (every debit has its credit)\n", len(bs), transfer.FormatBRL(sum))
+	return nil
+}

@@ -1,0 +1,110 @@
+// Package ledger is an example of a consumer that keeps its state in its own
+// PostgreSQL (package consumer/inbox): each transfer.settled event posts a
+// double entry, a debit on the sender's account and a credit on the
+// receiver's, in the transaction that records the event id in the inbox. A
+// consumer that crashes at any point posts each TED once: the balances equal
+// the sums of the transfers (Check; `outbox reconcile --ledger-database-url`).
+//
+// Adding a consumer of your own follows the same three steps: a Handler
+// (HandleTx: decode, then write through the transaction), your schema
+// beside the inbox's (Migrate), and New (an inbox and a consumer group).
+package ledger
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/consumer/inbox"
+	"github.com/tedbank/outbox/internal/migrate"
+	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/transfer/settled"
+)
+
+// Defaults of Config.
+const (
+	DefaultStream = "outbox.event.transfer"
+	DefaultGroup  = "ledger"
+)
+
+// Handler posts a transfer.settled event's double entry.
+type Handler struct{}
+
+// HandleTx posts m's double entry through tx. An event that is not a valid
+// transfer.settled can never be posted: its error wraps consumer.ErrInvalid.
+func (Handler) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
+	if m.Type != settled.Type {
+		return consumer.Invalid("event type %q: the ledger posts %s events only", m.Type, settled.Type)
+	}
+	p, err := settled.Decode(m.Payload)
+	if err != nil {
+		return fmt.Errorf("%w: %w", consumer.ErrInvalid, err)
+	}
+	if p.EventID != m.ID {
+		return consumer.Invalid("payload event_id %s differs from the entry's %s", p.EventID, m.ID)
+	}
+	st := outboxsql.LedgerPost(p.TransferID, p.EventID, p.FromAccount, p.ToAccount, p.AmountCents, p.Currency, p.SettledAt)
+	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
+		return fmt.Errorf("post transfer %s: %w", p.TransferID, err)
+	}
+	return nil
+}
+
+// Migrate creates or updates the ledger's tables and the inbox's in db, the
+// ledger's own database. Safe when several processes start at once.
+func Migrate(ctx context.Context, db *pgxpool.Pool) error {
+	if _, err := inbox.Migrate(ctx, db); err != nil {
+		return err
+	}
+	if _, err := migrate.UpLedger(ctx, db); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Config says where the ledger reads and how. Consumer is the consumer
+// group's configuration: its Name is "ledger", and its Stream and Group
+// default to DefaultStream and DefaultGroup.
+type Config struct {
+	Consumer consumer.Config
+	Inbox    inbox.Config
+}
+
+// New returns a ledger consumer: it reads with rdb and posts to db.
+func New(db *pgxpool.Pool, rdb redis.Cmdable, cfg Config) (*consumer.Consumer, error) {
+	in, err := inbox.New(db, Handler{}, cfg.Inbox)
+	if err != nil {
+		return nil, err
+	}
+	cc := cfg.Consumer
+	cc.Name = "ledger"
+	cc.Stream = cmp.Or(cc.Stream, DefaultStream)
+	cc.Group = cmp.Or(cc.Group, DefaultGroup)
+	return consumer.New(rdb, in, cc)
+}
+
+// Balance is one account's balance.
+type Balance struct {
+	Account      string `json:"account"`
+	BalanceCents int64  `json:"balance_cents"`
+	Entries      int64  `json:"entries"`
+}
+
+// Balances reads every account's balance, by account.
+func Balances(ctx context.Context, db *pgxpool.Pool) ([]Balance, error) {
+	st := outboxsql.LedgerBalances()
+	rows, err := db.Query(ctx, st.SQL, st.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read balances: %w", err)
+	}
+	bs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Balance])
+	if err != nil {
+		return nil, fmt.Errorf("read balances: %w", err)
+	}
+	return bs, nil
+}
