@@ -19,6 +19,7 @@ func TestDemoChecksPass(t *testing.T) {
 	err := demo.Run(context.Background(), demo.Config{
 		Pool: pool, Redis: rdb.Client, DatabaseURL: pool.Config().ConnString(), RedisURL: rdb.URL,
 		Binary: outboxtest.Binary(t), FailPoints: true, StreamPrefix: rdb.Prefix + "outbox.event.", KeyPrefix: rdb.Prefix + "fraud:",
+		LedgerURL: outboxtest.PostgresURL(t), LedgerKeyPrefix: rdb.Prefix + "ledger:",
 		Out: &out, Short: true,
 	})
 	t.Log("\n" + out.String())

@@ -19,6 +19,12 @@ import (
 
 // setUp starts the proxies, the consumer and the demo's own listener.
 func (d *demo) setUp(ctx context.Context) error {
+	if err := d.Pool.QueryRow(ctx, "SELECT now()").Scan(&d.started); err != nil {
+		return fmt.Errorf("read the database's clock: %w", err)
+	}
+	if err := d.ensureLedgerGroup(ctx); err != nil {
+		return err
+	}
 	var err error
 	if d.viaProxy, err = d.dialViaProxies(ctx); err != nil {
 		return err

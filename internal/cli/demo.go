@@ -46,7 +46,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	ownServers := !explicit["database-url"] && e.getenv("DATABASE_URL") == "" &&
 		!explicit["redis-url"] && e.getenv("REDIS_URL") == ""
 
-	streamPrefix, keyPrefix := "outbox.event.", "fraud:"
+	streamPrefix, keyPrefix, ledgerPrefix := "outbox.event.", "fraud:", "ledger:"
 	if ownServers {
 		fmt.Fprintln(e.stdout, "No DATABASE_URL/REDIS_URL: starting throw-away PostgreSQL and Redis servers...")
 		progress := func(msg string, args ...any) { log.Debug(msg, args...) }
@@ -76,7 +76,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 	} else {
 		// Someone else's servers: keep the demo's keys apart and remove them after.
 		run := uuid.NewString()[:8]
-		streamPrefix, keyPrefix = "demo-"+run+":outbox.event.", "demo-"+run+":fraud:"
+		streamPrefix, keyPrefix, ledgerPrefix = "demo-"+run+":outbox.event.", "demo-"+run+":fraud:", "demo-"+run+":ledger:"
 	}
 
 	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-demo", MaxConns: 8})
@@ -96,8 +96,17 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		defer func() {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			deleteKeys(cctx, rdb, streamPrefix+"*", keyPrefix+"*")
+			deleteKeys(cctx, rdb, streamPrefix+"*", keyPrefix+"*", ledgerPrefix+"*")
 		}()
+	}
+	// The ledger's own database (scenario 6), on the same server, dropped
+	// afterwards.
+	ledgerURL, dropLedger, err := testenv.CreateDatabase(ctx, c.databaseURL, "outbox_demo_ledger")
+	if err != nil {
+		log.Warn("no database for the ledger (scenario 6 is not run): creating one needs CREATEDB", "error", err)
+		ledgerURL = ""
+	} else {
+		defer func() { _ = dropLedger(context.WithoutCancel(ctx)) }()
 	}
 
 	quiet := slog.New(slog.DiscardHandler)
@@ -108,6 +117,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 		FailPoints: failpoint.Enabled, // scenario 2 runs this binary
 		Pool:       pool, Redis: rdb, DatabaseURL: c.databaseURL, RedisURL: c.redisURL,
 		StreamPrefix: streamPrefix, KeyPrefix: keyPrefix, Out: e.stdout, Logger: quiet,
+		LedgerURL: ledgerURL, LedgerKeyPrefix: ledgerPrefix,
 		Color: isTerminal(e.stdout), Short: *short, Cluster: c.redisCluster, Partitions: parts,
 	})
 }
