@@ -122,19 +122,27 @@ func (f *ledgerFixture) checkPostedOnce(teds []transfer.Transfer) {
 	}
 }
 
-// waitPosted waits until every transfer has entries and nothing is pending
-// in the ledger's group.
-func (f *ledgerFixture) waitPosted(teds []transfer.Transfer) {
+// waitPosted waits until every transfer has entries and backlog() (the
+// group's unacknowledged and undelivered messages) is 0.
+func (f *ledgerFixture) waitPosted(teds []transfer.Transfer, backlog func() int64) {
 	f.T.Helper()
-	outboxtest.Eventually(f.T, 15*time.Second, func() bool {
+	outboxtest.Eventually(f.T, 20*time.Second, func() bool {
 		for _, n := range f.postings(teds) {
 			if n == 0 {
 				return false
 			}
 		}
-		p, err := f.Redis.XPending(f.Ctx, f.Stream(), ledger.DefaultGroup).Result()
-		return err == nil && p.Count == 0
+		return backlog() == 0
 	}, "the ledger never posted every transfer and acknowledged it")
+}
+
+// pendingInRedis is the ledger group's pending entries on Redis Streams.
+func (f *ledgerFixture) pendingInRedis() int64 {
+	p, err := f.Redis.XPending(f.Ctx, f.Stream(), ledger.DefaultGroup).Result()
+	if err != nil {
+		return -1
+	}
+	return p.Count
 }
 
 // A ledger consumer killed at each point of the inbox path — after reading,
@@ -179,7 +187,7 @@ func TestLedgerCrashAtEveryPointPostsEachTransferOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.Run(c.Run)
-			f.waitPosted(teds)
+			f.waitPosted(teds, f.pendingInRedis)
 			f.checkPostedOnce(teds)
 			if st := c.Stats(); point.committed && st.Duplicates != 6 || !point.committed && st.Processed != 6 {
 				t.Errorf("stats after the restart %+v: want the 6 entries %s", st, map[bool]string{true: "skipped as duplicates", false: "applied"}[point.committed])
@@ -211,7 +219,7 @@ func TestReconcileFindsLedgerDifferences(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := f.Run(c.Run)
-	f.waitPosted(teds)
+	f.waitPosted(teds, f.pendingInRedis)
 	stop()
 	run := func() *reconcile.LedgerReport {
 		t.Helper()

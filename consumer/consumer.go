@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/retry"
@@ -49,6 +50,7 @@ var tracer = tracing.Tracer("github.com/tedbank/outbox/consumer")
 type Consumer struct {
 	cfg     Config
 	rdb     redis.Cmdable
+	js      jetstream.JetStream // set: messages come from NATS JetStream (jetstream.go), not Redis Streams
 	handler Handler
 	keys    Keys   // the keys of the group as a whole (names, members)
 	parts   []part // the stream's partitions
@@ -116,6 +118,11 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
+	if c.js != nil {
+		if _, err := c.js.AccountInfo(ctx); err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+	}
 	if r, ok := c.handler.(interface{ Ready(context.Context) error }); ok {
 		return r.Ready(ctx)
 	}
@@ -138,6 +145,9 @@ func (c *Consumer) Stats() Stats {
 // recreated, the relay may already have appended entries that must not be
 // skipped.
 func (c *Consumer) EnsureGroup(ctx context.Context) error {
+	if c.js != nil {
+		return nil // a partition's durable consumer is created when it is taken over
+	}
 	for _, pt := range c.parts {
 		if err := c.ensureGroup(ctx, pt); err != nil {
 			return err
@@ -191,6 +201,10 @@ type feed struct {
 // work applies partition pt while this consumer holds its lease with value
 // fence, until ctx is cancelled or the lease turns out lost.
 func (c *Consumer) work(ctx context.Context, pt part, fence string) {
+	if c.js != nil {
+		c.workJetStream(ctx, pt, fence)
+		return
+	}
 	f := feed{part: pt, fence: fence}
 	log := c.log.With(slog.Int("partition", pt.n))
 	takenOver := false

@@ -16,102 +16,126 @@ import (
 	"github.com/tedbank/outbox/internal/tracing"
 )
 
-// handle applies the effect of each entry through the handler and
-// acknowledges the ones done. Once entries are read it finishes even if ctx
-// is cancelled.
+// handle applies the effect of each Redis stream entry through the handler
+// and acknowledges the ones done. Once entries are read it finishes even if
+// ctx is cancelled.
 func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, redelivered bool) error {
 	ctx = context.WithoutCancel(ctx)
 	started := time.Now()
 	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
 	failpoint.Inject(c.afterRead)
 	attempt := c.deliveries(ctx, f, msgs, redelivered)
-
-	b := c.sortEntries(ctx, f, msgs, attempt)
-	if len(b.valid) > 0 {
-		batch := Batch{Partition: f.n, Stream: f.stream, Keys: f.keys, Fence: f.fence, Group: c.cfg.Group,
-			Messages: make([]Message, len(b.valid))}
-		for i, it := range b.valid {
-			batch.Messages[i] = it.msg
+	ds := make([]delivery, len(msgs))
+	for i, x := range msgs {
+		ds[i] = delivery{id: x.ID, values: x.Values, attempt: attempt(x.ID)}
+	}
+	done := c.apply(ctx, f, ds, "redis")
+	if len(done.ack) > 0 {
+		ids := make([]string, len(done.ack))
+		for i, j := range done.ack {
+			ids[i] = ds[j].id
 		}
-		results := c.handler.Handle(ctx, batch)
-		if len(results) != len(b.valid) {
-			err := fmt.Errorf("the handler returned %d results for %d messages", len(results), len(b.valid))
-			results = make([]Result, len(b.valid))
-			for i := range results {
-				results[i].Err = err
-			}
-		}
-		failpoint.Inject(c.afterEffect)
-		for i, it := range b.valid {
-			switch err := c.settle(ctx, it, results[i]); {
-			case err == nil:
-				b.ack = append(b.ack, it.msg.EntryID)
-			case errors.Is(err, ErrInvalid):
-				b.bad = append(b.bad, invalidEntry{id: it.msg.EntryID, values: it.values, err: err})
-			default:
-				b.transient = err
-			}
+		if err := c.rdb.XAck(ctx, f.stream, c.cfg.Group, ids...).Err(); err != nil {
+			return fmt.Errorf("xack %d entries: %w", len(ids), err)
 		}
 	}
-	if len(b.ack) > 0 {
-		if err := c.rdb.XAck(ctx, f.stream, c.cfg.Group, b.ack...).Err(); err != nil {
-			return fmt.Errorf("xack %d entries: %w", len(b.ack), err)
-		}
-	}
-	for _, bad := range b.bad {
+	for _, bad := range done.bad {
 		c.invalid(ctx, f, bad)
 	}
-	return b.transient
+	return done.transient
 }
 
-// item is an entry whose envelope decoded: its handling runs under span.
+// delivery is one message as its broker delivered it.
+type delivery struct {
+	id      string         // the broker's id of it: a stream entry id, a JetStream sequence
+	values  map[string]any // its fields as the relay wrote them (relay/entry); nil: trimmed while pending
+	attempt int64          // its delivery count
+}
+
+// applied is what became of a read's deliveries.
+type applied struct {
+	ack       []int          // the deliveries done (or with nothing left to do), by index
+	bad       []invalidEntry // never applicable: pending until their last delivery, then dead-lettered
+	transient error          // the last delivery left pending for a retry, and why
+}
+
+// apply decodes ds, runs the handler on the valid ones and sorts the
+// outcome; system names the broker in the spans.
+func (c *Consumer) apply(ctx context.Context, f feed, ds []delivery, system string) applied {
+	var done applied
+	var valid []item
+	for i, d := range ds {
+		if d.values == nil {
+			// Trimmed or deleted while pending: nothing left to process.
+			c.stats.lost.Add(1)
+			c.log.Error("pending entry has no payload (trimmed); acknowledging it", slog.String("entry_id", d.id))
+			done.ack = append(done.ack, i)
+			continue
+		}
+		m, err := DecodeEntry(d.id, d.values)
+		if err != nil {
+			done.bad = append(done.bad, invalidEntry{index: i, id: d.id, values: d.values, err: err})
+			continue
+		}
+		m.Partition, m.Attempt = f.n, d.attempt
+		valid = append(valid, item{index: i, msg: m, values: d.values, span: c.startSpan(ctx, f, m, system)})
+	}
+	if len(valid) == 0 {
+		return done
+	}
+	batch := Batch{Partition: f.n, Stream: f.stream, Keys: f.keys, Fence: f.fence, Group: c.cfg.Group,
+		Messages: make([]Message, len(valid))}
+	for i, it := range valid {
+		batch.Messages[i] = it.msg
+	}
+	results := c.handler.Handle(ctx, batch)
+	if len(results) != len(valid) {
+		err := fmt.Errorf("the handler returned %d results for %d messages", len(results), len(valid))
+		results = make([]Result, len(valid))
+		for i := range results {
+			results[i].Err = err
+		}
+	}
+	failpoint.Inject(c.afterEffect)
+	for i, it := range valid {
+		switch err := c.settle(ctx, it, results[i]); {
+		case err == nil:
+			done.ack = append(done.ack, it.index)
+		case errors.Is(err, ErrInvalid):
+			done.bad = append(done.bad, invalidEntry{index: it.index, id: it.msg.EntryID, values: it.values, err: err})
+		default:
+			done.transient = err
+		}
+	}
+	return done
+}
+
+// item is a delivery whose envelope decoded: its handling runs under span.
 type item struct {
+	index  int // of its delivery
 	msg    Message
 	values map[string]any // the entry's fields, for the logs of an invalid one
 	span   trace.Span
 }
 
-// invalidEntry is an entry that can never be applied, and why.
+// invalidEntry is a delivery that can never be applied, and why.
 type invalidEntry struct {
+	index  int // of its delivery
 	id     string
 	values map[string]any
 	err    error
 }
 
-// sorted is a batch of entries sorted by what handle does with each.
-type sorted struct {
-	valid     []item         // hand to the handler
-	bad       []invalidEntry // pending until their last delivery, then dead-lettered
-	ack       []string       // done (or nothing left to do): acknowledge
-	transient error          // the last entry left pending for a retry, and why
-}
-
-// sortEntries decodes msgs and starts a span for each valid one.
-func (c *Consumer) sortEntries(ctx context.Context, f feed, msgs []redis.XMessage, attempt func(id string) int64) sorted {
-	var b sorted
-	for _, x := range msgs {
-		if x.Values == nil {
-			// Trimmed or deleted while pending: nothing left to process.
-			c.stats.lost.Add(1)
-			c.log.Error("pending entry has no payload (trimmed); acknowledging it", slog.String("entry_id", x.ID))
-			b.ack = append(b.ack, x.ID)
-			continue
-		}
-		m, err := messageOf(x, f.n)
-		if err != nil {
-			b.bad = append(b.bad, invalidEntry{id: x.ID, values: x.Values, err: err})
-			continue
-		}
-		m.Attempt = attempt(x.ID)
-		_, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), c.cfg.Name+".process",
-			trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-				attribute.String("messaging.system", "redis"),
-				attribute.String("messaging.destination.name", f.stream),
-				attribute.String("messaging.message.id", m.ID.String()),
-				attribute.String("messaging.consumer.group.name", c.cfg.Group)))
-		b.valid = append(b.valid, item{msg: m, values: x.Values, span: span})
-	}
-	return b
+// startSpan starts the span of m's handling, continuing the trace its
+// headers carry.
+func (c *Consumer) startSpan(ctx context.Context, f feed, m Message, system string) trace.Span {
+	_, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), c.cfg.Name+".process",
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			attribute.String("messaging.system", system),
+			attribute.String("messaging.destination.name", f.stream),
+			attribute.String("messaging.message.id", m.ID.String()),
+			attribute.String("messaging.consumer.group.name", c.cfg.Group)))
+	return span
 }
 
 // settle ends one item's span and counts and logs its result. It returns

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/relay/entry"
 )
@@ -164,11 +163,4 @@ func DecodeEntry(id string, values map[string]any) (Message, error) {
 	}
 	m.Payload, m.Headers, m.EntryID = []byte(payload), []byte(headers), id
 	return m, nil
-}
-
-// messageOf decodes a stream entry read from partition p.
-func messageOf(x redis.XMessage, p int) (Message, error) {
-	m, err := DecodeEntry(x.ID, x.Values)
-	m.Partition = p
-	return m, err
 }

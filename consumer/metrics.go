@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -83,9 +85,19 @@ func (m *Metrics) observeBatch(d time.Duration) {
 // XINFO GROUPS at scrape time.
 type GroupCollector struct {
 	rdb              redis.Cmdable
+	js               jetstream.JetStream // set: the group's durable consumers on JetStream are read instead
 	stream, group    string
 	partitions       int
 	pending, lag, up *prometheus.Desc
+}
+
+// WithJetStream makes the collector read the group's durable consumers on
+// NATS JetStream (NewJetStream): pending is their messages delivered and not
+// acknowledged, lag those not delivered yet; outbox_<name>_redis_up then
+// says whether JetStream could be read.
+func (c *GroupCollector) WithJetStream(js jetstream.JetStream) *GroupCollector {
+	c.js = js
+	return c
 }
 
 // WithPartitions makes the collector sum the group's figures over the n
@@ -120,6 +132,10 @@ func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if c.js != nil {
+		c.collectJetStream(ctx, ch)
+		return
+	}
 	var pending, lag int64
 	found, lagKnown := false, true
 	for _, stream := range partition.Streams(c.stream, max(c.partitions, 1)) {
@@ -143,5 +159,38 @@ func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 		if lagKnown {
 			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
 		}
+	}
+}
+
+// collectJetStream reads the group's durable consumers on JetStream.
+func (c *GroupCollector) collectJetStream(ctx context.Context, ch chan<- prometheus.Metric) {
+	var pending, lag int64
+	found := false
+	for p, subject := range partition.Streams(c.stream, max(c.partitions, 1)) {
+		stream, err := c.js.StreamNameBySubject(ctx, subject)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+			return
+		}
+		cons, err := c.js.Consumer(ctx, stream, DurableName(c.group, p))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+			return
+		}
+		info := cons.CachedInfo()
+		found = true
+		pending += int64(info.NumAckPending)
+		lag += int64(info.NumPending)
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	if found {
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
+		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
 	}
 }

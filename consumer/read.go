@@ -20,6 +20,9 @@ import (
 // tools that drive a consumer by hand; with several partitions ReadNew reads
 // them in one command, which a Redis Cluster refuses.
 func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
+	if c.js != nil {
+		return 0, errSingleStepsRedisOnly
+	}
 	streams := make([]string, 0, 2*len(c.parts))
 	for _, pt := range c.parts {
 		streams = append(streams, pt.stream)
@@ -119,6 +122,9 @@ func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) erro
 // of every partition, from the oldest, until none is left that it has not
 // tried in this pass (a single step of Run: see ReadNew).
 func (c *Consumer) ProcessPending(ctx context.Context) error {
+	if c.js != nil {
+		return errSingleStepsRedisOnly
+	}
 	for _, pt := range c.parts {
 		if err := c.processPending(ctx, feed{part: pt}); err != nil {
 			return err
@@ -161,6 +167,9 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 // ClaimMinIdle (their consumer died, or they keep failing) and processes
 // them (a single step of Run: see ReadNew). It returns how many it claimed.
 func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
+	if c.js != nil {
+		return 0, errSingleStepsRedisOnly
+	}
 	total := 0
 	for _, pt := range c.parts {
 		n, err := c.claim(ctx, feed{part: pt}, c.cfg.ClaimMinIdle)

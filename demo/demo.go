@@ -63,10 +63,10 @@ type Config struct {
 	// not run); LedgerKeyPrefix its consumer's Redis key prefix.
 	LedgerURL       string
 	LedgerKeyPrefix string
-	Out          io.Writer
-	Color        bool         // ANSI colours and a redrawn progress bar (a terminal)
-	Short        bool         // a smaller burst, for CI
-	Logger       *slog.Logger // logs of the relays and the consumer; quiet by default
+	Out             io.Writer
+	Color           bool         // ANSI colours and a redrawn progress bar (a terminal)
+	Short           bool         // a smaller burst, for CI
+	Logger          *slog.Logger // logs of the relays and the consumer; quiet by default
 }
 
 // ErrChecksFailed is returned when any scenario's check failed.

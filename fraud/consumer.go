@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
@@ -43,12 +44,29 @@ var ErrNameInUse = consumer.ErrNameInUse
 
 // New returns a consumer reading with rdb. It checks cfg but does not connect.
 func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
+	return newConsumer(rdb, cfg, func(h consumer.Handler, cc consumer.Config) (*consumer.Consumer, error) {
+		return consumer.New(rdb, h, cc)
+	})
+}
+
+// NewJetStream returns a consumer reading from NATS JetStream (js) instead
+// of Redis Streams; its effects, leases and dead letters stay in rdb
+// (consumer.NewJetStream).
+func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+	return newConsumer(rdb, cfg, func(h consumer.Handler, cc consumer.Config) (*consumer.Consumer, error) {
+		return consumer.NewJetStream(rdb, js, h, cc)
+	})
+}
+
+// newConsumer checks cfg and makes the consumer of anti-fraud's effects
+// with engine.
+func newConsumer(rdb redis.Cmdable, cfg Config, engine func(consumer.Handler, consumer.Config) (*consumer.Consumer, error)) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	log := cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group))
-	c, err := consumer.New(rdb, &effects{cfg: cfg, rdb: rdb, log: log}, cfg.engine())
+	c, err := engine(&effects{cfg: cfg, rdb: rdb, log: log}, cfg.engine())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
@@ -77,15 +78,34 @@ type Config struct {
 
 // New returns a ledger consumer: it reads with rdb and posts to db.
 func New(db *pgxpool.Pool, rdb redis.Cmdable, cfg Config) (*consumer.Consumer, error) {
-	in, err := inbox.New(db, Handler{}, cfg.Inbox)
+	in, cc, err := cfg.parts(db)
 	if err != nil {
 		return nil, err
+	}
+	return consumer.New(rdb, in, cc)
+}
+
+// NewJetStream returns a ledger consumer that reads from NATS JetStream
+// (js), keeps its leases in rdb and posts to db.
+func NewJetStream(db *pgxpool.Pool, rdb redis.Cmdable, js jetstream.JetStream, cfg Config) (*consumer.Consumer, error) {
+	in, cc, err := cfg.parts(db)
+	if err != nil {
+		return nil, err
+	}
+	return consumer.NewJetStream(rdb, js, in, cc)
+}
+
+// parts are the inbox and the consumer group's configuration of cfg.
+func (cfg Config) parts(db *pgxpool.Pool) (*inbox.Inbox, consumer.Config, error) {
+	in, err := inbox.New(db, Handler{}, cfg.Inbox)
+	if err != nil {
+		return nil, consumer.Config{}, err
 	}
 	cc := cfg.Consumer
 	cc.Name = "ledger"
 	cc.Stream = cmp.Or(cc.Stream, DefaultStream)
 	cc.Group = cmp.Or(cc.Group, DefaultGroup)
-	return consumer.New(rdb, in, cc)
+	return in, cc, nil
 }
 
 // Balance is one account's balance.

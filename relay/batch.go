@@ -169,7 +169,7 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	for i, m := range msgs {
 		streams[i] = r.cfg.streamKey(m.AggregateType, m.PartitionKey)
 	}
-	ids, errs := r.publish(ctx, msgs, streams)
+	ids, errs := r.broker.publish(ctx, msgs, streams)
 	failpoint.Inject("relay.after-xadd")
 	if pipelineDown(errs, streams) {
 		// Every command failed the same way: the broker, not the events.

@@ -46,7 +46,7 @@ func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
 			r.noteStream(b.streams[i])
 			out.ok.add(m.ID, m.Seq, b.ids[i], b.leaseOf(i))
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
-		case brokerUnavailable(err):
+		case r.broker.down(err):
 			res.BrokerDown = true
 			res.Err = err
 			out.release = append(out.release, m.ID)

@@ -61,7 +61,8 @@ type Pipeliner interface {
 type Relay struct {
 	cfg       Config
 	pool      *pgxpool.Pool
-	rdb       Pipeliner
+	broker    broker
+	rdb       Pipeliner // with Redis Streams: what trimLoop trims (nil with NATS)
 	log       *slog.Logger
 	listenCfg *pgx.ConnConfig
 	wake      chan struct{}
@@ -122,6 +123,17 @@ type counters struct {
 // New returns a relay that claims from pool and publishes to rdb. It checks
 // cfg but does not connect; Run does.
 func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
+	r, err := newRelay(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.rdb = rdb
+	r.broker = &redisBroker{rdb: rdb, cfg: r.cfg}
+	return r, nil
+}
+
+// newRelay returns a relay without its broker.
+func newRelay(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -138,7 +150,6 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 	r := &Relay{
 		cfg:       cfg,
 		pool:      pool,
-		rdb:       rdb,
 		log:       cfg.Logger.With(slog.String("relay", cfg.Name)),
 		listenCfg: listenCfg,
 		wake:      make(chan struct{}, 1),
@@ -161,8 +172,8 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { p.Ping(ctx); return nil }); err != nil {
-		return fmt.Errorf("redis: %w", err)
+	if err := r.broker.ping(ctx); err != nil {
+		return fmt.Errorf("broker: %w", err)
 	}
 	if !r.stats.listenUp.Load() {
 		return errors.New("LISTEN connection down")
@@ -194,6 +205,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
 
+	if p, ok := r.broker.(interface{ prepare(context.Context) error }); ok {
+		// Consumers can attach before the first event: best effort, the
+		// first publish tries again.
+		if err := p.prepare(ctx); err != nil {
+			r.log.Warn("preparing the broker failed; retrying at the first publish", slog.Any("error", err))
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { r.listenLoop(ctx) })
 	wg.Go(func() { r.reapLoop(ctx) })

@@ -56,11 +56,15 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.AuditLen, "audit-len", 0, "keep a stream per partition of the effects in the order applied (<prefix>audit), about this many entries each; 0 keeps none")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", time.Second, "longest wait for --min-replicas per batch")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9465 (off when empty)")
+	broker := brokerFlags(e, fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
+		return err
+	}
+	if err := broker.check(); err != nil {
 		return err
 	}
 	if cfg.MinReplicas, err = minReplicas(); err != nil {
@@ -94,11 +98,23 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTracing(context.WithoutCancel(ctx))
 	reg := metrics.NewRegistry()
+	collector := fraud.NewGroupCollector(rdb, cfg.Stream, cfg.Group).WithPartitions(cfg.Partitions)
+	newConsumer := func() (*fraud.Consumer, error) { return fraud.New(rdb, cfg) }
+	if broker.nats() {
+		// Events come from JetStream; the effects stay in Redis.
+		nc, js, err := broker.connect("outbox-fraud-" + name)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		collector.WithJetStream(js)
+		newConsumer = func() (*fraud.Consumer, error) { return fraud.NewJetStream(rdb, js, cfg) }
+	}
 	if *metricsAddr != "" {
 		cfg.Metrics = fraud.NewMetrics(reg)
-		reg.MustRegister(fraud.NewGroupCollector(rdb, cfg.Stream, cfg.Group).WithPartitions(cfg.Partitions))
+		reg.MustRegister(collector)
 	}
-	cons, err := fraud.New(rdb, cfg)
+	cons, err := newConsumer()
 	if err != nil {
 		return usageError{err.Error()}
 	}

@@ -66,11 +66,15 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Inbox.Retention, "inbox-retention", inbox.DefaultRetention, "how long processed event ids stay in the inbox")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9466 (off when empty)")
+	broker := brokerFlags(e, fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
+		return err
+	}
+	if err := broker.check(); err != nil {
 		return err
 	}
 	if cc.Partitions, err = partitions(); err != nil {
@@ -102,11 +106,22 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	}
 	defer stopTracing(context.WithoutCancel(ctx))
 	reg := metrics.NewRegistry()
+	collector := consumer.NewGroupCollector(rdb, "ledger", cc.Stream, cc.Group).WithPartitions(cc.Partitions)
+	newConsumer := func() (*consumer.Consumer, error) { return ledger.New(db, rdb, cfg) }
+	if broker.nats() {
+		nc, js, err := broker.connect("outbox-ledger")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		collector.WithJetStream(js)
+		newConsumer = func() (*consumer.Consumer, error) { return ledger.NewJetStream(db, rdb, js, cfg) }
+	}
 	if *metricsAddr != "" {
 		cc.Metrics = consumer.NewMetrics(reg, "ledger", "")
-		reg.MustRegister(consumer.NewGroupCollector(rdb, "ledger", cc.Stream, cc.Group).WithPartitions(cc.Partitions))
+		reg.MustRegister(collector)
 	}
-	cons, err := ledger.New(db, rdb, cfg)
+	cons, err := newConsumer()
 	if err != nil {
 		return usageError{err.Error()}
 	}

@@ -33,6 +33,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	partitions := partitionsFlag(e, fs, "split each stream into this many partition streams, by partition key (the sender account for TEDs)")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
+	broker := brokerFlags(e, fs)
+	natsStream, natsDuplicates, natsMaxAge := natsStreamFlags(fs)
 	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
 		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
 	if err := e.parse(fs, args); err != nil {
@@ -41,6 +43,16 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	log, err := c.logger(e.stderr)
 	if err != nil {
 		return err
+	}
+	if err := broker.check(); err != nil {
+		return err
+	}
+	if broker.nats() {
+		for _, redisOnly := range []string{"min-replicas", "replica-timeout", "stream-maxlen", "stream-retention", "redis-cluster"} {
+			if isSet(fs, redisOnly) {
+				return usagef("--%s is about Redis Streams: not with --broker nats (the JetStream stream's --nats-max-age bounds it)", redisOnly)
+			}
+		}
 	}
 	if *listenURL != "" {
 		if cfg.ListenConfig, err = connect.PostgresConfig(*listenURL, "outbox-relay-listen"); err != nil {
@@ -63,8 +75,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	switch {
 	case cfg.StreamRetention < 0 || cfg.StreamMaxLen < 0:
 		return usagef("--stream-retention and --stream-maxlen must not be negative")
-	case cfg.StreamRetention == 0, cfg.StreamMaxLen > 0 && !isSet(fs, "stream-retention"):
-		cfg.StreamRetention = -1 // no age cap (relay.Config: negative)
+	case cfg.StreamRetention == 0, cfg.StreamMaxLen > 0 && !isSet(fs, "stream-retention"), broker.nats():
+		cfg.StreamRetention = -1 // no age cap (relay.Config: negative); on NATS the stream's MaxAge applies
 	}
 	cfg.Logger = log
 	if err := cfg.Validate(); err != nil {
@@ -76,13 +88,26 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer connect.ClosePool(pool, 3*time.Second)
-	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	for _, w := range relay.CheckRedisDurability(ctx, rdb) {
-		log.Warn(w)
+	var newRelay func() (*relay.Relay, error)
+	if broker.nats() {
+		nc, js, err := broker.connect("outbox-relay")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		newRelay = func() (*relay.Relay, error) {
+			return relay.NewJetStream(pool, relay.JetStream{JS: js, Stream: *natsStream, Duplicates: *natsDuplicates, MaxAge: *natsMaxAge}, cfg)
+		}
+	} else {
+		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		for _, w := range relay.CheckRedisDurability(ctx, rdb) {
+			log.Warn(w)
+		}
+		newRelay = func() (*relay.Relay, error) { return relay.New(pool, rdb, cfg) }
 	}
 	stopTracing, err := tracing.Setup(ctx, "outbox-relay", log)
 	if err != nil {
@@ -94,7 +119,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		cfg.Metrics = relay.NewMetrics(reg)
 		reg.MustRegister(relay.NewOutboxCollector(pool))
 	}
-	r, err := relay.New(pool, rdb, cfg)
+	r, err := newRelay()
 	if err != nil {
 		return usageError{err.Error()}
 	}

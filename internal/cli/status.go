@@ -12,8 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/partition"
@@ -48,10 +50,15 @@ type Status struct {
 	// no slot is ever held).
 	RelaySlots     map[string]int `json:"relay_slots,omitempty"`
 	RelaySlotsFree int            `json:"relay_slots_free"`
-	// PostgresError and RedisError say why a side could not be read (empty:
-	// it was read).
+	// Broker is where the events travel (--broker): "redis", or "nats",
+	// where the stream, group and lag figures are the JetStream stream's
+	// messages on the subject and the group's durable consumers'.
+	Broker string `json:"broker"`
+	// PostgresError, RedisError and NATSError say why a side could not be
+	// read (empty: it was read).
 	PostgresError string `json:"postgres_error,omitempty"`
 	RedisError    string `json:"redis_error,omitempty"`
+	NATSError     string `json:"nats_error,omitempty"`
 }
 
 // PartitionStatus is one partition's stream and group, and which consumer
@@ -75,7 +82,11 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	keyPrefix := fs.String("key-prefix", fraud.DefaultKeyPrefix, "anti-fraud key prefix (for its dead-letter stream)")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream (figures are summed over them, and shown for each)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	broker := brokerFlags(e, fs)
 	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if err := broker.check(); err != nil {
 		return err
 	}
 	nParts, err := partitions()
@@ -88,7 +99,8 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
-	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters(), Partitions: nParts}
+	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters(), Partitions: nParts,
+		Broker: broker.name}
 	keys := fraud.Keys{Prefix: *keyPrefix, Partitions: nParts}
 	// Each side is read on its own: an operator needs the PostgreSQL backlog
 	// most when Redis is down, and the stream's state when PostgreSQL is.
@@ -106,13 +118,30 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer rdb.Close()
+		if broker.nats() {
+			return readConsumerState(ctx, rdb, keys, &st)
+		}
 		return readStreamStatus(ctx, rdb, keys, &st)
 	}()
+	var natsErr error
+	if broker.nats() {
+		natsErr = func() error {
+			nc, js, err := broker.connect("outbox-status")
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			return readJetStreamStatus(ctx, js, &st)
+		}()
+	}
 	if pgErr != nil {
 		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
 	}
 	if redisErr != nil {
 		st.RedisError = connect.RedactSecrets(oneLine(redisErr))
+	}
+	if natsErr != nil {
+		st.NATSError = connect.RedactSecrets(oneLine(natsErr))
 	}
 	if *asJSON {
 		if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
@@ -121,7 +150,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	} else {
 		printStatus(e.stdout, st)
 	}
-	return errors.Join(pgErr, redisErr)
+	return errors.Join(pgErr, redisErr, natsErr)
 }
 
 func printStatus(w io.Writer, st Status) {
@@ -142,7 +171,15 @@ func printStatus(w io.Writer, st Status) {
 		fmt.Fprintf(w, "stream   %s  Redis unreachable: %s\n", st.Stream, st.RedisError)
 		return
 	}
-	fmt.Fprintf(w, "stream   %s  length %d\n", st.Stream, st.StreamLength)
+	if st.NATSError != "" {
+		fmt.Fprintf(w, "stream   %s  NATS unreachable: %s\n", st.Stream, st.NATSError)
+		return
+	}
+	on := ""
+	if st.Broker == brokerNATS {
+		on = "  (NATS JetStream subject)"
+	}
+	fmt.Fprintf(w, "stream   %s  length %d%s\n", st.Stream, st.StreamLength, on)
 	if st.GroupExists {
 		fmt.Fprintf(w, "group    %s  pending %d  lag %d\n", st.Group, st.GroupPending, st.GroupLag)
 	} else {
@@ -216,10 +253,10 @@ func readStreamStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, s
 }
 
 func readPartitionStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, group string, ps *PartitionStatus) error {
-	var err error
-	if ps.DeadLettered, err = rdb.XLen(ctx, keys.DeadLetters()).Result(); err != nil {
-		return fmt.Errorf("read dead-letter stream length: %w", err)
+	if err := readPartitionConsumer(ctx, rdb, keys, group, ps); err != nil {
+		return err
 	}
+	var err error
 	if ps.StreamLength, err = rdb.XLen(ctx, ps.Stream).Result(); err != nil {
 		return fmt.Errorf("read stream length: %w", err)
 	}
@@ -231,6 +268,16 @@ func readPartitionStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys
 		if g.Name == group {
 			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, g.Lag
 		}
+	}
+	return nil
+}
+
+// readPartitionConsumer reads what the consumers keep in Redis of one
+// partition, whatever the broker: its dead letters and its owner.
+func readPartitionConsumer(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, group string, ps *PartitionStatus) error {
+	var err error
+	if ps.DeadLettered, err = rdb.XLen(ctx, keys.DeadLetters()).Result(); err != nil {
+		return fmt.Errorf("read dead-letter stream length: %w", err)
 	}
 	lease, err := rdb.Get(ctx, keys.Lease(group)).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -244,4 +291,71 @@ func readPartitionStatus(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys
 
 func isNoSuchKey(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
+}
+
+// readConsumerState reads, with NATS as the broker, what the consumers keep
+// in Redis: each partition's dead letters and owner.
+func readConsumerState(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, st *Status) error {
+	ensurePartitions(st)
+	st.DeadLettered = 0
+	for p, k := range keys.Each() {
+		if err := readPartitionConsumer(ctx, rdb, k, st.Group, &st.ByPartition[p]); err != nil {
+			return err
+		}
+		st.DeadLettered += st.ByPartition[p].DeadLettered
+	}
+	return nil
+}
+
+// readJetStreamStatus reads each partition's subject in its JetStream
+// stream (its messages) and the group's durable consumer of it (acknowledged
+// pending, and lag: not yet delivered).
+func readJetStreamStatus(ctx context.Context, js jetstream.JetStream, st *Status) error {
+	ensurePartitions(st)
+	st.GroupExists = true
+	for p := range st.ByPartition {
+		ps := &st.ByPartition[p]
+		name, err := js.StreamNameBySubject(ctx, ps.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			st.GroupExists = false
+			continue // no relay has created it yet
+		}
+		if err != nil {
+			return fmt.Errorf("find the JetStream stream of %s: %w", ps.Stream, err)
+		}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("read JetStream stream %s: %w", name, err)
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(ps.Stream))
+		if err != nil {
+			return fmt.Errorf("read JetStream stream %s: %w", name, err)
+		}
+		ps.StreamLength = int64(info.State.Subjects[ps.Stream])
+		cons, err := js.Consumer(ctx, name, consumer.DurableName(st.Group, p))
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			st.GroupExists = false
+		case err != nil:
+			return fmt.Errorf("read the group's durable consumer: %w", err)
+		default:
+			ci := cons.CachedInfo()
+			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, int64(ci.NumAckPending), int64(ci.NumPending)
+		}
+		st.StreamLength += ps.StreamLength
+		st.GroupPending += ps.GroupPending
+		st.GroupLag += ps.GroupLag
+	}
+	return nil
+}
+
+// ensurePartitions gives st one PartitionStatus per partition.
+func ensurePartitions(st *Status) {
+	if len(st.ByPartition) == max(st.Partitions, 1) {
+		return
+	}
+	st.ByPartition = make([]PartitionStatus, max(st.Partitions, 1))
+	for p := range st.ByPartition {
+		st.ByPartition[p] = PartitionStatus{Partition: p, Stream: partition.Stream(st.Stream, p, st.Partitions)}
+	}
 }

@@ -19,6 +19,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/migrate"
@@ -28,6 +30,9 @@ import (
 
 var (
 	pgServer, redisServer *testenv.Server
+	natsOnce              sync.Once
+	natsServer            *testenv.Server
+	natsErr               error
 	binOnce               sync.Once
 	binPath               string
 	binErr                error
@@ -56,6 +61,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer redisServer.Close()
+	defer func() {
+		if natsServer != nil {
+			_ = natsServer.Close()
+		}
+	}()
 	defer func() {
 		if binDir != "" {
 			_ = os.RemoveAll(binDir)
@@ -244,4 +254,40 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// NATSURL returns the URL of the test binary's NATS server with JetStream
+// (TEST_NATS_URL if set, else a nats-server process started on first use
+// and stopped after the run). Tests keep apart by their own subjects and
+// stream names (NATSStream).
+func NATSURL(t testing.TB) string {
+	t.Helper()
+	natsOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		natsServer, natsErr = testenv.NATS(ctx, testenv.Options{EnvVar: "TEST_NATS_URL"})
+	})
+	if natsErr != nil {
+		t.Fatalf("outboxtest: no NATS server for the test: %v", natsErr)
+	}
+	return natsServer.URL
+}
+
+// NATSStream is a JetStream stream name of t's own (letters, digits and
+// '_': a stream name has no dots), deleted when t ends.
+func NATSStream(t testing.TB) string {
+	t.Helper()
+	name := "T_" + strings.ToUpper(strings.ReplaceAll(uuid.NewString()[:13], "-", "_"))
+	url := NATSURL(t)
+	t.Cleanup(func() {
+		nc, err := nats.Connect(url, nats.MaxReconnects(0))
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		if js, err := jetstream.New(nc); err == nil {
+			_ = js.DeleteStream(context.Background(), name)
+		}
+	})
+	return name
 }

@@ -1,0 +1,242 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/failpoint"
+	"github.com/tedbank/outbox/internal/retry"
+	"github.com/tedbank/outbox/relay/entry"
+)
+
+// Reading from NATS JetStream (NewJetStream). The relay publishes each event
+// to the subject its Redis stream would be named (Config.Stream, with the
+// partition's suffix), its fields as headers. Each partition is read through
+// a durable pull consumer of its own (the group's name and the partition's
+// number), with explicit acknowledgements, by the partition's owner only:
+// partition ownership, the consumer's name, dead letters and stats stay in
+// Redis exactly as with Redis Streams, so the effects and their fences do
+// not change.
+//
+// A new owner re-creates the partition's durable from its ack floor, so that
+// whatever the previous owner received and did not acknowledge is delivered
+// again first, in stream order, before anything new (as the Redis path takes
+// over the pending entries first). A message whose effect fails transiently
+// is negatively acknowledged with the retry backoff; one that can never be
+// applied is, at its MaxDeliveries-th delivery, added to the partition's
+// dead-letter stream in Redis (with dlq_broker=nats) and terminated.
+
+// NewJetStream returns a consumer that reads from NATS JetStream (js) and
+// applies with h; rdb holds its partition leases, its name's lease, its dead
+// letters and stats. It checks cfg but does not connect. The single steps
+// (ReadNew, ProcessPending, ClaimIdle) are Redis Streams': Run is how it
+// consumes.
+func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, h Handler, cfg Config) (*Consumer, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: no JetStream context", ErrConfig)
+	}
+	c, err := New(rdb, h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	c.js = js
+	return c, nil
+}
+
+// errSingleStepsRedisOnly: ReadNew, ProcessPending and ClaimIdle read Redis
+// Streams.
+var errSingleStepsRedisOnly = errors.New("consumer: ReadNew, ProcessPending and ClaimIdle read Redis Streams; a JetStream consumer consumes with Run")
+
+// durable is the name of partition pt's durable consumer in the group.
+func (c *Consumer) durable(pt part) string { return DurableName(c.cfg.Group, pt.n) }
+
+// DurableName is the name of the JetStream durable consumer through which
+// group reads partition p: the group's name (its dots, which a consumer
+// name cannot have, as underscores) and "_p<p>".
+func DurableName(group string, p int) string {
+	return strings.NewReplacer(".", "_", "*", "_", ">", "_").Replace(group) + "_p" + strconv.Itoa(p)
+}
+
+// workJetStream applies partition pt from JetStream while this consumer
+// holds its lease with value fence, until ctx is cancelled or the lease
+// turns out lost.
+func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
+	f := feed{part: pt, fence: fence}
+	log := c.log.With(slog.Int("partition", pt.n))
+	var cons jetstream.Consumer
+	failures := 0
+	for ctx.Err() == nil {
+		var err error
+		if cons == nil {
+			cons, err = c.takeOverJetStream(ctx, pt)
+		} else {
+			err = c.readJetStream(ctx, f, cons)
+		}
+		switch {
+		case err == nil:
+			failures = 0
+		case ctx.Err() != nil:
+		case errors.Is(err, ErrFenced):
+			log.Error("partition lease lost while applying its events; stopping the partition", slog.Any("error", err))
+			return
+		default:
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+				errors.Is(err, jetstream.ErrStreamNotFound) {
+				cons = nil // take it over again
+			}
+			failures++
+			d := retryDelay(failures)
+			log.Warn("reading JetStream failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			retry.Sleep(ctx, d)
+		}
+	}
+}
+
+// takeOverJetStream (re)creates pt's durable consumer from its ack floor,
+// so that what an earlier owner received and did not acknowledge comes
+// first, in stream order.
+func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Consumer, error) {
+	stream, err := c.js.StreamNameBySubject(ctx, pt.stream)
+	if err != nil {
+		return nil, fmt.Errorf("find the JetStream stream of subject %s (the relay creates it when it starts): %w", pt.stream, err)
+	}
+	name := c.durable(pt)
+	cc := jetstream.ConsumerConfig{
+		Durable: name, Description: "outbox consumer group " + c.cfg.Group + ", partition " + strconv.Itoa(pt.n),
+		FilterSubject: pt.stream, AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.cfg.ClaimMinIdle,
+		MaxAckPending: 4 * c.cfg.BatchSize, DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	old, err := c.js.Consumer(ctx, stream, name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	case err != nil:
+		return nil, fmt.Errorf("read the durable consumer %s: %w", name, err)
+	default:
+		if floor := old.CachedInfo().AckFloor.Stream; floor > 0 {
+			cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		}
+		if err := c.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("reset the durable consumer %s: %w", name, err)
+		}
+	}
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, stream, cc)
+	if err != nil {
+		return nil, fmt.Errorf("create the durable consumer %s on %s: %w", name, stream, err)
+	}
+	c.log.Info("partition's JetStream consumer taken over", slog.Int("partition", pt.n), slog.String("durable", name),
+		slog.Uint64("from_sequence", max(cc.OptStartSeq, 1)))
+	return cons, nil
+}
+
+// readJetStream fetches up to a batch of pt's messages, waiting up to
+// Config.Block, and applies them.
+func (c *Consumer) readJetStream(ctx context.Context, f feed, cons jetstream.Consumer) error {
+	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.Block))
+	if err != nil {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if err := batch.Error(); err != nil && len(msgs) == 0 && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return c.handleJetStream(ctx, f, msgs)
+}
+
+// handleJetStream applies msgs and acknowledges each as its outcome says.
+// Once messages are read it finishes even if ctx is cancelled.
+func (c *Consumer) handleJetStream(ctx context.Context, f feed, msgs []jetstream.Msg) error {
+	ctx = context.WithoutCancel(ctx)
+	started := time.Now()
+	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
+	failpoint.Inject(c.afterRead)
+	ds := make([]delivery, len(msgs))
+	for i, m := range msgs {
+		values := map[string]any{entry.Payload: string(m.Data())}
+		for k, v := range m.Headers() {
+			if len(v) > 0 {
+				values[k] = v[0]
+			}
+		}
+		ds[i] = delivery{values: values, attempt: 1}
+		if meta, err := m.Metadata(); err == nil {
+			ds[i].id = strconv.FormatUint(meta.Sequence.Stream, 10)
+			ds[i].attempt = int64(meta.NumDelivered)
+		}
+	}
+	done := c.apply(ctx, f, ds, "nats")
+	settled := make([]bool, len(msgs))
+	var ackErr error
+	for _, i := range done.ack {
+		settled[i] = true
+		if err := msgs[i].Ack(); err != nil {
+			ackErr = fmt.Errorf("ack message %s: %w", ds[i].id, err)
+		}
+	}
+	for _, bad := range done.bad {
+		settled[bad.index] = true
+		c.invalidJetStream(ctx, f, bad, ds[bad.index].attempt, msgs[bad.index])
+	}
+	for i, ok := range settled {
+		if !ok { // failed transiently: again after the backoff
+			_ = msgs[i].NakWithDelay(retryDelay(int(ds[i].attempt)))
+		}
+	}
+	if done.transient != nil {
+		return done.transient
+	}
+	return ackErr
+}
+
+// invalidJetStream handles a message that can never be applied: it is
+// delivered again after the retry backoff until its MaxDeliveries-th
+// delivery, then added to the partition's dead-letter stream in Redis and
+// terminated.
+func (c *Consumer) invalidJetStream(ctx context.Context, f feed, bad invalidEntry, deliveries int64, m jetstream.Msg) {
+	log := c.log.With(slog.String("subject", m.Subject()), slog.String("sequence", bad.id), slog.Any("error", bad.err),
+		slog.Int64("attempt", deliveries))
+	if id, ok := bad.values[entry.EventID].(string); ok {
+		log = log.With(slog.String("event_id", id))
+	}
+	c.stats.failed.Add(1)
+	if deliveries < int64(c.cfg.MaxDeliveries) {
+		log.Warn("invalid message delivered again until its last delivery", slog.Int("max_deliveries", c.cfg.MaxDeliveries))
+		_ = m.NakWithDelay(retryDelay(int(deliveries)))
+		return
+	}
+	fields := make([]any, 0, 2*len(bad.values)+14)
+	for k, v := range bad.values {
+		fields = append(fields, k, v)
+	}
+	fields = append(fields, "dlq_stream", m.Subject(), "dlq_group", c.cfg.Group, "dlq_entry_id", bad.id,
+		"dlq_reason", bad.err.Error(), "dlq_deliveries", deliveries, "dlq_consumer", c.cfg.Consumer, "dlq_broker", "nats")
+	_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: f.keys.DeadLetters(), Values: fields})
+		p.HIncrBy(ctx, f.keys.Stats(), "dead_lettered", 1)
+		return nil
+	})
+	if err != nil {
+		log.Error("dead-lettering failed; the message is delivered again", slog.Any("dlq_error", err))
+		_ = m.NakWithDelay(retryDelay(int(deliveries)))
+		return
+	}
+	if err := m.Term(); err != nil {
+		log.Warn("terminating a dead-lettered message failed; it may be dead-lettered again", slog.Any("error", err))
+	}
+	c.stats.deadLettered.Add(1)
+	c.cfg.Metrics.deadLetter()
+	log.Error("message moved to the dead-letter stream", slog.String("dlq", f.keys.DeadLetters()))
+}

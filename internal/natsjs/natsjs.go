@@ -1,0 +1,139 @@
+// Package natsjs is what the relay and the consumers share about NATS
+// JetStream, the second broker (--broker nats): how to connect, and the
+// JetStream stream that holds the relay's subjects.
+//
+// The wire format mirrors the Redis stream entries' (package relay/entry):
+// the subject is the relay's stream name (StreamPrefix + aggregate type, with
+// the partition's suffix), the body is the event's payload, and every other
+// field of relay/entry travels as a header of the same name. Nats-Msg-Id is
+// the event id: the server drops a re-publication within the stream's
+// duplicate window, and consumers deduplicate the rest.
+package natsjs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Defaults of Stream.
+const (
+	DefaultStream     = "OUTBOX"
+	DefaultDuplicates = 2 * time.Minute
+	DefaultMaxAge     = 7 * 24 * time.Hour
+)
+
+// Stream is the JetStream stream of the relay's subjects.
+type Stream struct {
+	// Name is the stream's name. Default DefaultStream.
+	Name string
+	// SubjectPrefix is the relay's stream prefix: the stream captures
+	// SubjectPrefix + ">".
+	SubjectPrefix string
+	// Duplicates is the server's duplicate window: a message whose
+	// Nats-Msg-Id was stored within it is dropped. Default 2 minutes.
+	Duplicates time.Duration
+	// MaxAge is how long a message is kept, acknowledged or not: a consumer
+	// stopped for longer loses what it had not read. Default 7 days.
+	MaxAge time.Duration
+	// Replicas is the stream's replication in a clustered JetStream.
+	// Default 1.
+	Replicas int
+}
+
+func (s Stream) withDefaults() Stream {
+	s.Name = cmp.Or(s.Name, DefaultStream)
+	s.Duplicates = cmp.Or(s.Duplicates, DefaultDuplicates)
+	s.MaxAge = cmp.Or(s.MaxAge, DefaultMaxAge)
+	s.Replicas = cmp.Or(s.Replicas, 1)
+	return s
+}
+
+// Validate reports a setting that cannot work, after defaults.
+func (s Stream) Validate() error {
+	s = s.withDefaults()
+	switch {
+	case strings.ContainsAny(s.Name, " \t.*>/\\") || s.Name == "":
+		return fmt.Errorf("JetStream stream name %q: no spaces, dots, '*', '>' or slashes", s.Name)
+	case s.SubjectPrefix == "" || strings.ContainsAny(s.SubjectPrefix, " \t*>"):
+		return fmt.Errorf("subject prefix %q: must be set, without spaces or wildcards", s.SubjectPrefix)
+	case s.Duplicates < time.Second || s.MaxAge < s.Duplicates:
+		return fmt.Errorf("duplicate window %s / max age %s: the window at least 1s, the age at least the window", s.Duplicates, s.MaxAge)
+	case s.Replicas < 1 || s.Replicas > 5:
+		return fmt.Errorf("replicas %d: between 1 and 5", s.Replicas)
+	}
+	return nil
+}
+
+// Ensure creates the stream, or updates its settings, and returns its name.
+func Ensure(ctx context.Context, js jetstream.JetStream, s Stream) (string, error) {
+	s = s.withDefaults()
+	if err := s.Validate(); err != nil {
+		return "", err
+	}
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        s.Name,
+		Description: "transactional outbox events, published by the relay (github.com/tedbank/outbox)",
+		Subjects:    []string{s.SubjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      s.MaxAge,
+		Duplicates:  s.Duplicates,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.Replicas,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return "", fmt.Errorf("create or update JetStream stream %s (subjects %s>): %w", s.Name, s.SubjectPrefix, err)
+	}
+	return s.Name, nil
+}
+
+// Connect connects to the NATS server at url (nats://host:port; a
+// comma-separated list for a cluster) as name, reconnecting forever after a
+// loss, and returns the connection and its JetStream context. The first
+// connection must succeed.
+func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+		nats.Timeout(5*time.Second), nats.PingInterval(10*time.Second), nats.ReconnectBufSize(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("JetStream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// Down reports whether err means the NATS server or JetStream as a whole
+// cannot take or give messages right now (unreachable, reconnecting, no
+// stream listening, timed out, JetStream unavailable), as opposed to a
+// problem of one message.
+func Down(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, target := range []error{context.DeadlineExceeded, context.Canceled, nats.ErrConnectionClosed,
+		nats.ErrConnectionReconnecting, nats.ErrConnectionDraining, nats.ErrDisconnected, nats.ErrTimeout,
+		nats.ErrNoResponders, nats.ErrStaleConnection, nats.ErrReconnectBufExceeded,
+		jetstream.ErrNoStreamResponse, jetstream.ErrStreamNotFound, jetstream.ErrJetStreamNotEnabled,
+		jetstream.ErrJetStreamNotEnabledForAccount} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code >= 500
+}
