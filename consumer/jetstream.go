@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
@@ -136,24 +137,40 @@ func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Co
 	return cons, nil
 }
 
-// readJetStream fetches up to a batch of pt's messages, waiting up to
-// Config.Block, and applies them.
+// readJetStream applies up to a batch of pt's messages: those waiting now,
+// or, when none is, the first to arrive within Config.Block with those that
+// came with it. (A Fetch of a whole batch would wait out the Block whenever
+// fewer are waiting: every event's latency would include it.)
 func (c *Consumer) readJetStream(ctx context.Context, f feed, cons jetstream.Consumer) error {
-	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.Block))
+	msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
+	if err == nil && len(msgs) == 0 {
+		if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.Block))); err == nil && len(msgs) == 1 && c.cfg.BatchSize > 1 {
+			var more []jetstream.Msg
+			more, err = collect(cons.FetchNoWait(c.cfg.BatchSize - 1))
+			msgs = append(msgs, more...)
+		}
+	}
+	if len(msgs) > 0 {
+		return c.handleJetStream(ctx, f, msgs)
+	}
+	return err
+}
+
+// collect reads a fetch's messages; running out of time or of messages is
+// not an error.
+func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 	if err != nil {
-		return fmt.Errorf("fetch: %w", err)
+		return nil, fmt.Errorf("fetch: %w", err)
 	}
 	var msgs []jetstream.Msg
 	for m := range batch.Messages() {
 		msgs = append(msgs, m)
 	}
-	if err := batch.Error(); err != nil && len(msgs) == 0 && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("fetch: %w", err)
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) &&
+		!errors.Is(err, jetstream.ErrNoMessages) {
+		return msgs, fmt.Errorf("fetch: %w", err)
 	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	return c.handleJetStream(ctx, f, msgs)
+	return msgs, nil
 }
 
 // handleJetStream applies msgs and acknowledges each as its outcome says.

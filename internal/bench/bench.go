@@ -23,15 +23,20 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/migrate"
+	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/testenv"
+	"github.com/tedbank/outbox/relay"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -93,18 +98,24 @@ type Env struct {
 	Partitions int
 	// Ownership is the relays' (relay.Config.Ownership); empty: the default.
 	Ownership string
+	// JS, when set, makes NATS JetStream the broker (drain, consume,
+	// latency, sustained): each scenario publishes to a JetStream stream of
+	// its own, deleted afterwards; Redis keeps the consumers' state.
+	JS jetstream.JetStream
 }
 
 func (e Env) partitions() int { return max(e.Partitions, 1) }
 
 // space is one scenario's database and key prefix.
 type space struct {
-	pool   *pgxpool.Pool // the writers' (and the harness's)
-	prefix string
-	drop   func(context.Context) error
-	rdb    redis.UniversalClient
-	dbURL  string
-	extra  []*pgxpool.Pool
+	pool       *pgxpool.Pool // the writers' (and the harness's)
+	prefix     string
+	drop       func(context.Context) error
+	rdb        redis.UniversalClient
+	js         jetstream.JetStream // NATS JetStream is the broker (Env.JS)
+	natsStream string              // the scenario's JetStream stream
+	dbURL      string
+	extra      []*pgxpool.Pool
 }
 
 // relayPool opens a pool of its own for one relay, as `outbox relay` has in
@@ -147,7 +158,39 @@ func (e Env) open(ctx context.Context, name string, maxConns int32) (*space, err
 		_ = drop(ctx)
 		return nil, err
 	}
-	return &space{pool: pool, drop: drop, rdb: e.Redis, dbURL: dbURL, prefix: "bench-" + uuid.NewString()[:8] + ":"}, nil
+	s := &space{pool: pool, drop: drop, rdb: e.Redis, dbURL: dbURL, prefix: "bench-" + uuid.NewString()[:8] + ".", js: e.JS}
+	if s.js != nil {
+		s.natsStream = "BENCH_" + strings.ToUpper(strings.ReplaceAll(uuid.NewString()[:8], "-", ""))
+		if _, err := natsjs.Ensure(ctx, s.js, natsjs.Stream{Name: s.natsStream, SubjectPrefix: s.prefix}); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// broker names the scenario's broker in its settings.
+func (s *space) broker() string {
+	if s.js != nil {
+		return "nats"
+	}
+	return "redis"
+}
+
+// newRelay returns a relay of the space's broker claiming from pool.
+func (s *space) newRelay(pool *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
+	if s.js != nil {
+		return relay.NewJetStream(pool, relay.JetStream{JS: s.js, Stream: s.natsStream}, cfg)
+	}
+	return relay.New(pool, s.rdb, cfg)
+}
+
+// newFraud returns an anti-fraud consumer reading the space's broker.
+func (s *space) newFraud(cfg fraud.Config) (*fraud.Consumer, error) {
+	if s.js != nil {
+		return fraud.NewJetStream(s.rdb, s.js, cfg)
+	}
+	return fraud.New(s.rdb, cfg)
 }
 
 func (s *space) close() {
@@ -158,6 +201,9 @@ func (s *space) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_ = s.drop(ctx)
+	if s.js != nil {
+		_ = s.js.DeleteStream(ctx, s.natsStream)
+	}
 	keys, _ := connect.Keys(ctx, s.rdb, s.prefix+"*")
 	for _, k := range keys {
 		s.rdb.Del(ctx, k)

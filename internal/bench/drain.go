@@ -52,7 +52,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 		if err != nil {
 			return Result{}, err
 		}
-		if rs[i], err = relay.New(rp, s.rdb, relay.Config{
+		if rs[i], err = s.newRelay(rp, relay.Config{
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
 			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(), Ownership: e.Ownership,
 		}); err != nil {
@@ -83,7 +83,8 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 	}
 	took := time.Since(start)
 	res := Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
-		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch, "partitions": e.partitions()}}
+		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch, "partitions": e.partitions(),
+			"broker": s.broker()}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
@@ -46,12 +47,12 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.relay, err = relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas, Ownership: e.Ownership,
+	f.relay, err = s.newRelay(rp, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas, Ownership: e.Ownership,
 		Partitions: e.partitions()})
 	if err != nil {
 		return nil, err
 	}
-	f.consumer, err = fraud.New(s.rdb, fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
+	f.consumer, err = s.newFraud(fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
 		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
 		Observer: fraud.ObserverFunc(func(ev fraud.Event, _ fraud.Outcome) {
 			now := time.Now()
@@ -72,6 +73,12 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		// Blocking XREADs from the start of each partition's stream,
 		// matching event ids.
 		for _, stream := range partition.Streams(stream, e.partitions()) {
+			if s.js != nil {
+				if err := f.subscribe(stream); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			f.wg.Go(func() { f.read(s.rdb, stream) })
 		}
 	}
@@ -222,4 +229,29 @@ func (f *flow) read(rdb redis.Cmdable, stream string) {
 		}
 		f.mu.Unlock()
 	}
+}
+
+// subscribe records when each event first appears on a NATS subject (a
+// plain subscription: it sees each message as JetStream stores it).
+func (f *flow) subscribe(subject string) error {
+	sub, err := f.s.js.Conn().Subscribe(subject, func(m *nats.Msg) {
+		now := time.Now()
+		id, err := uuid.Parse(m.Header.Get("event_id"))
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		if _, seen := f.inStream[id]; !seen {
+			f.inStream[id] = now
+		}
+		f.mu.Unlock()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to %s: %w", subject, err)
+	}
+	f.wg.Go(func() {
+		<-f.ctx.Done()
+		_ = sub.Unsubscribe()
+	})
+	return nil
 }

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/tcpproxy"
@@ -55,6 +57,11 @@ type Config struct {
 	// Redis's.
 	Cluster     bool
 	MinReplicas int
+	// NATS runs the relays and consumers on NATS JetStream (--broker nats,
+	// nats.go): a nats-server of the run's own, killed and restarted
+	// (nats-kill, nats-restart) and blackholed among the other faults;
+	// anti-fraud's effects stay in Redis.
+	NATS bool
 	// Ownership is the relays' --ownership (rows or partitions); empty:
 	// the relay's default.
 	Ownership string
@@ -92,6 +99,9 @@ const (
 	Reshard       = "reshard"
 	ConsumerJoin  = "consumer-join"
 	ConsumerLeave = "consumer-leave"
+	// On NATS JetStream (nats.go).
+	NATSKill    = "nats-kill"
+	NATSRestart = "nats-restart"
 )
 
 // Kinds lists every kind of fault on a single Redis; ClusterKinds on a
@@ -99,6 +109,9 @@ const (
 var (
 	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError}
 	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave}
+	// NATSKinds on NATS JetStream: the relays never touch Redis (no busy
+	// error, no OOM for them), the consumers keep their effects there.
+	NATSKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, NATSKill, NATSRestart}
 )
 
 // RollingDeploy is not a fault: every relay in turn is stopped with SIGTERM
@@ -141,6 +154,11 @@ type run struct {
 
 	pg, rds           *testenv.Server
 	cluster           *testenv.Cluster // instead of rds in cluster mode
+	nats              *testenv.Server  // NATS mode's nats-server
+	natsProxy         *tcpproxy.Proxy  // in front of it, for blackholes
+	proxyNATS         string           // its URL through the proxy
+	nc                *nats.Conn       // the monitor's, straight to the server
+	js                jetstream.JetStream
 	parts             int              // the relays' and consumers' --partitions
 	dbURL, dbName     string
 	pgProxy, rdsProxy *tcpproxy.Proxy
@@ -223,7 +241,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		deployBurst:  make(chan struct{}, 1),
 		firstEntry:   map[string]string{},
 	}
-	res.Seed, res.Cluster, res.Ownership = cfg.Seed, cfg.Cluster, cfg.Ownership
+	res.Seed, res.Cluster, res.Ownership, res.NATS = cfg.Seed, cfg.Cluster, cfg.Ownership, cfg.NATS
 	r.parts = 2
 	if cfg.Cluster {
 		r.parts = 16

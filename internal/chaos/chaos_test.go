@@ -29,6 +29,7 @@ var (
 	cluster   = flag.Bool("chaos.cluster", false, "run on a local Redis Cluster (3 masters, 3 replicas) with 16 partitions and the cluster's faults")
 	minRepl   = flag.Int("chaos.min-replicas", 1, "with -chaos.cluster: the relays' and consumers' --min-replicas (0 shows the loss it prevents)")
 	ownership = flag.String("chaos.ownership", "", "the relays' --ownership: rows or partitions (default: the relay's, rows)")
+	onNATS    = flag.Bool("chaos.nats", false, "run the relays and consumers on NATS JetStream (--broker nats) with the server's own faults (nats-kill, nats-restart, blackholes); the effects stay in Redis")
 )
 
 func TestChaos(t *testing.T) {
@@ -37,7 +38,7 @@ func TestChaos(t *testing.T) {
 	}
 	// The monitor's cluster client logs every failed dial to a killed node.
 	redis.SetLogger(quietLogger{})
-	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary, Cluster: *cluster, MinReplicas: *minRepl, Ownership: *ownership}
+	cfg := Config{N: *n, Rate: *rate, Seed: *seed, Short: *short, Concurrency: 4, Binary: *binary, Cluster: *cluster, MinReplicas: *minRepl, Ownership: *ownership, NATS: *onNATS}
 	if cfg.Rate == 0 {
 		switch {
 		case cfg.Cluster && cfg.Short:
@@ -68,6 +69,9 @@ func TestChaos(t *testing.T) {
 	mode := "one Redis"
 	if cfg.Cluster {
 		mode = fmt.Sprintf("a Redis Cluster, --min-replicas %d", cfg.MinReplicas)
+	}
+	if cfg.NATS {
+		mode = "NATS JetStream (effects in one Redis)"
 	}
 	if cfg.Ownership != "" {
 		mode += ", relays with --ownership " + cfg.Ownership

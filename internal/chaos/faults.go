@@ -25,7 +25,9 @@ var (
 		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
 		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1, BusyError: 2,
 		RollingDeploy: 1, MasterKill: 2, MasterStop: 1, Reshard: 1, ConsumerJoin: 1, ConsumerLeave: 1,
+		NATSKill: 2, NATSRestart: 1,
 	}
+	natsBlackholeTargets = []string{"pg", "nats", "redis"}
 )
 
 // mandatory is the faults every run injects: two busy errors and two
@@ -54,10 +56,21 @@ func (r *run) mandatory() []planned {
 		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}}
 	}
+	if r.cfg.NATS {
+		// The broker's own faults; Redis's only where the consumers' effects
+		// are (the relays never touch it).
+		rest = []planned{
+			{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""},
+			{Blackhole, "pg"}, {Blackhole, "nats"}, {NATSKill, ""}, {NATSRestart, ""}, {RedisKill, ""},
+		}
+		if !r.cfg.Short {
+			rest = append(rest, planned{NATSKill, ""}, planned{Blackhole, "redis"})
+		}
+	}
 	if r.cfg.Short {
 		rest = append(rest, planned{PGRestart, pgStopModes[r.rng.IntN(len(pgStopModes))]})
 	} else {
-		if !r.cfg.Cluster { // the cluster's nodes have no proxy
+		if !r.cfg.Cluster && !r.cfg.NATS { // the cluster's nodes have no proxy
 			rest = append(rest, planned{Blackhole, "pg+redis"})
 		}
 		for _, m := range pgStopModes {
@@ -69,6 +82,9 @@ func (r *run) mandatory() []planned {
 	// The busy errors and the deploys need events flowing: first, then the
 	// fail points (which need some traffic too).
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
+	if r.cfg.NATS { // the busy error is Redis's, which the relays do not use
+		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}}
+	}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
 	if r.cfg.Cluster {
 		// The fail points right after the cluster's faults, while the
@@ -80,7 +96,7 @@ func (r *run) mandatory() []planned {
 
 // random picks a weighted random fault of the run's mode.
 func (r *run) random() planned {
-	kinds := append(slices.Clone(Result{Cluster: r.cfg.Cluster}.kinds()), RollingDeploy)
+	kinds := append(slices.Clone(Result{Cluster: r.cfg.Cluster, NATS: r.cfg.NATS}.kinds()), RollingDeploy)
 	total := 0
 	for _, k := range kinds {
 		total += weights[k]
@@ -98,8 +114,11 @@ func (r *run) random() planned {
 	case Failpoint:
 		return planned{kind, Failpoints[r.rng.IntN(len(Failpoints))]}
 	case Blackhole:
-		if r.cfg.Cluster {
+		switch {
+		case r.cfg.Cluster:
 			return planned{kind, "pg"} // the cluster's nodes have no proxy
+		case r.cfg.NATS:
+			return planned{kind, natsBlackholeTargets[r.rng.IntN(len(natsBlackholeTargets))]}
 		}
 		return planned{kind, blackholeTargets[r.rng.IntN(len(blackholeTargets))]}
 	case MasterKill:
@@ -230,6 +249,9 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		if strings.Contains(f.variant, "redis") && r.rdsProxy != nil {
 			proxies = append(proxies, r.rdsProxy)
 		}
+		if strings.Contains(f.variant, "nats") && r.natsProxy != nil {
+			proxies = append(proxies, r.natsProxy)
+		}
 		// Every connection, old or opened meanwhile, goes silent (bytes
 		// swallowed, nothing closed) for d. Afterwards new connections flow;
 		// the silent ones stay silent until their client gives up on them.
@@ -282,6 +304,10 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		rec.Detail, rec.Note = r.consumerJoin(ctx)
 	case ConsumerLeave:
 		rec.Detail, rec.Note = r.consumerLeave()
+	case NATSKill:
+		rec.Note = r.natsDown(ctx, true, r.between(time.Second, 3*time.Second))
+	case NATSRestart:
+		rec.Note = r.natsDown(ctx, false, r.between(time.Second, 3*time.Second))
 	}
 	rec.End = time.Now()
 	return rec

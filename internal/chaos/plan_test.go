@@ -112,3 +112,34 @@ func TestVerdictsDifferFromSettledOrder(t *testing.T) {
 		t.Fatalf("%d differ, want 2 (c and d)", n)
 	}
 }
+
+// On NATS JetStream every run injects each of the mode's kinds (the
+// server's kill and restart, a blackhole of it) and each fail point, and
+// never a fault of Redis's the relays do not use.
+func TestNATSModeFaultsCoverItsKinds(t *testing.T) {
+	for _, short := range []bool{true, false} {
+		r := &run{cfg: Config{Short: short, NATS: true}, rng: rand.New(rand.NewPCG(7, 7))}
+		plan := r.mandatory()
+		for range 200 {
+			plan = append(plan, r.random())
+		}
+		kinds := map[string]bool{}
+		for _, f := range plan {
+			kinds[f.kind] = true
+			if f.kind != RollingDeploy && !slices.Contains(NATSKinds, f.kind) {
+				t.Errorf("short=%v: %s %s is not a NATS mode fault", short, f.kind, f.variant)
+			}
+			if f.kind == Blackhole && !slices.Contains(natsBlackholeTargets, f.variant) {
+				t.Errorf("short=%v: blackhole of %q", short, f.variant)
+			}
+		}
+		for _, k := range append(slices.Clone(NATSKinds), RollingDeploy) {
+			if !kinds[k] {
+				t.Errorf("short=%v: no %s in the plan", short, k)
+			}
+		}
+		if !slices.Contains(plan[:len(r.mandatory())], planned{Blackhole, "nats"}) {
+			t.Errorf("short=%v: the mandatory faults do not blackhole NATS", short)
+		}
+	}
+}

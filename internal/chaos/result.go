@@ -50,12 +50,17 @@ type Result struct {
 	OutOfOrder int
 	// Ownership: the relays' --ownership.
 	Ownership string
+	// NATS: the run was on NATS JetStream.
+	NATS bool
 }
 
 // kinds is the fault kinds of the run's mode.
 func (r Result) kinds() []string {
-	if r.Cluster {
+	switch {
+	case r.Cluster:
 		return ClusterKinds
+	case r.NATS:
+		return NATSKinds
 	}
 	return Kinds
 }
@@ -71,8 +76,11 @@ func (r Result) Summary() string {
 		fs = append(fs, fmt.Sprintf("%s:%d", k, counts[k]))
 	}
 	mode := "single"
-	if r.Cluster {
+	switch {
+	case r.Cluster:
 		mode = "cluster"
+	case r.NATS:
+		mode = "nats"
 	}
 	// New fields go at the end: scripts read this line.
 	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s",

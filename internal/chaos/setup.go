@@ -93,6 +93,13 @@ func (r *run) setup(ctx context.Context) error {
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout = time.Second, 2*time.Second, 2*time.Second
 		r.rdb = redis.NewClient(o)
 	}
+	if r.cfg.NATS {
+		natsArgs, err := r.setupNATS(ctx)
+		if err != nil {
+			return err
+		}
+		common = append(common, natsArgs...)
+	}
 	r.relayArgs, r.fraudArgs = slices.Concat(relayArgs, common, relayOnly), slices.Concat(fraudArgs, common)
 
 	for _, name := range []string{"r1", "r2"} {
@@ -137,12 +144,15 @@ func (r *run) teardown() {
 	if r.rdb != nil {
 		_ = r.rdb.Close()
 	}
-	for _, px := range []*tcpproxy.Proxy{r.pgProxy, r.rdsProxy} {
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	for _, px := range []*tcpproxy.Proxy{r.pgProxy, r.rdsProxy, r.natsProxy} {
 		if px != nil {
 			_ = px.Close()
 		}
 	}
-	servers := map[string]*testenv.Server{"postgres.log": r.pg, "redis.log": r.rds}
+	servers := map[string]*testenv.Server{"postgres.log": r.pg, "redis.log": r.rds, "nats.log": r.nats}
 	if r.cluster != nil {
 		for i, n := range r.cluster.Nodes {
 			servers[fmt.Sprintf("redis-node-%d.log", i)] = n

@@ -50,6 +50,10 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 	if s.verdicts, err = r.verdictCount(ctx); err != nil {
 		return s, err
 	}
+	if r.cfg.NATS {
+		s.groupPending, s.delivered, err = r.natsGroup(ctx)
+		return s, err
+	}
 	s.delivered = true
 	for _, stream := range partition.Streams(stream, r.parts) {
 		pend, err := r.rdb.XPending(ctx, stream, group).Result()
@@ -177,7 +181,16 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	// The stream: every event is in it (duplicates allowed: at least once).
 	inStream := map[string]int{}
 	entries := 0
+	if r.cfg.NATS {
+		if inStream, entries, err = r.natsEntries(ctx); err != nil {
+			r.problem("read the JetStream stream: %v", err)
+			return
+		}
+	}
 	for _, stream := range partition.Streams(stream, r.parts) {
+		if r.cfg.NATS {
+			break
+		}
 		start := "-"
 		for {
 			msgs, err := r.rdb.XRangeN(ctx, stream, start, "+", 1000).Result()
@@ -311,7 +324,15 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	res.OutOfOrder = r.checkOrder(ctx, len(verdicts))
 
 	// Nothing left pending or dead-lettered; every dedupe marker present.
+	if r.cfg.NATS {
+		if pending, delivered, err := r.natsGroup(ctx); err != nil || pending != 0 || !delivered {
+			r.problem("JetStream group %s: %d messages unacknowledged, all delivered %v (err %v)", group, pending, delivered, err)
+		}
+	}
 	for _, stream := range partition.Streams(stream, r.parts) {
+		if r.cfg.NATS {
+			break
+		}
 		if pend, err := r.rdb.XPending(ctx, stream, group).Result(); err != nil {
 			r.problem("XPENDING: %v", err)
 		} else if pend.Count != 0 {

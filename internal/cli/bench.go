@@ -41,6 +41,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		rate, dup                    *float64
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
+		effect                       *string
+		broker                       *brokerChoice
 		minReplicas                  *int
 		writerCounts                 []int
 		modes                        []string
@@ -69,6 +71,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		consumers = fs.Int("consumers", 1, "anti-fraud consumers of the group")
 		batch = fs.Int("batch", 100, "entries per consumer read")
 		dup = fs.Float64("duplicates", 0.05, "fraction of the entries that re-add an earlier entry's event")
+		effect = fs.String("effect", bench.EffectLua, "the consumers' effect: lua (anti-fraud's scripts in Redis) or inbox (the ledger's double entries in PostgreSQL with the inbox)")
 	case "sustained":
 		rate = fs.Float64("rate", 500, "TEDs per second (open-loop schedule)")
 		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
@@ -81,6 +84,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	var partitions func() (int, error)
 	if scenario != "writers" {
 		partitions = partitionsFlag(e, fs, "the relays' and consumers' partitions")
+		broker = brokerFlags(e, fs)
 	}
 	if err := e.parse(fs, args[1:]); err != nil {
 		return err
@@ -112,6 +116,16 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--min-replicas must not be negative")
 	case ownership != nil && *ownership != relay.OwnRows && *ownership != relay.OwnPartitions:
 		return usagef("--ownership %q: want %s or %s", *ownership, relay.OwnRows, relay.OwnPartitions)
+	case effect != nil && *effect != bench.EffectLua && *effect != bench.EffectInbox:
+		return usagef("--effect %q: want %s or %s", *effect, bench.EffectLua, bench.EffectInbox)
+	}
+	if broker != nil {
+		if err := broker.check(); err != nil {
+			return err
+		}
+		if broker.nats() && minReplicas != nil && *minReplicas > 0 {
+			return usagef("--min-replicas is about Redis: not with --broker nats")
+		}
 	}
 	nParts := 1
 	if partitions != nil {
@@ -163,6 +177,14 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	defer rdb.Close()
 	env := bench.Env{AdminURL: c.databaseURL, Redis: rdb, Log: log}
+	if broker != nil && broker.nats() {
+		nc, js, err := broker.connect("outbox-bench")
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		env.JS = js
+	}
 	if minReplicas != nil {
 		env.MinReplicas = *minReplicas
 	}
@@ -181,7 +203,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "drain":
 			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published))
 		case "consume":
-			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup))
+			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup, *effect))
 		default:
 			return one(bench.Sustained(ctx, env, *rate, *duration, *mode))
 		}

@@ -196,7 +196,16 @@ func RetryAll(ctx context.Context, rdb redis.Cmdable, keyPrefix, fallbackStream 
 	}
 }
 
+// errFromNATS: the dead letter came from NATS JetStream (dlq_broker=nats):
+// re-adding it to a Redis stream would reach no consumer.
+var errFromNATS = errors.New("dead-lettered from NATS JetStream (dlq_broker=nats): a retry re-adds to Redis Streams only; " +
+	"publish the event again from its outbox row (back to pending, once the JetStream stream's duplicate window has passed)")
+
 func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessage, fallbackStream string, res *RetryResult) error {
+	if b, _ := m.Values["dlq_broker"].(string); b == "nats" {
+		res.Failed = append(res.Failed, Failure{ID: m.ID, Err: errFromNATS})
+		return nil
+	}
 	source := fallbackStream
 	if s, ok := m.Values["dlq_stream"].(string); ok {
 		source = s

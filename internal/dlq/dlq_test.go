@@ -276,6 +276,17 @@ func TestDeadLetterRetryEdgeCases(t *testing.T) {
 	if _, err := dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{"1700000000000"}, fallback); err == nil {
 		t.Fatal("an incomplete entry id: want an error")
 	}
+
+	// A dead letter from NATS JetStream stays: no Redis stream would
+	// deliver it.
+	fromNATS := f.xadd(f.dlq, map[string]any{"event_id": "e-2", "payload": "{}", "dlq_stream": f.stream, "dlq_broker": "nats"})
+	res, err = dlq.Retry(f.ctx, f.rdb.Client, f.keyPrefix, []string{fromNATS}, fallback)
+	if err != nil || len(res.Failed) != 1 || !strings.Contains(res.Failed[0].Err.Error(), "NATS") {
+		t.Fatalf("retry of a NATS dead letter = %+v, %v; want it refused, saying why", res, err)
+	}
+	if n := f.xlen(f.stream); n != 0 {
+		t.Fatalf("a NATS dead letter was re-added to the Redis stream (%d entries)", n)
+	}
 }
 
 // --all pages through a long dead-letter stream, visiting each entry once:

@@ -62,8 +62,9 @@ func (s Stream) Validate() error {
 	switch {
 	case strings.ContainsAny(s.Name, " \t.*>/\\") || s.Name == "":
 		return fmt.Errorf("JetStream stream name %q: no spaces, dots, '*', '>' or slashes", s.Name)
-	case s.SubjectPrefix == "" || strings.ContainsAny(s.SubjectPrefix, " \t*>"):
-		return fmt.Errorf("subject prefix %q: must be set, without spaces or wildcards", s.SubjectPrefix)
+	case !strings.HasSuffix(s.SubjectPrefix, ".") || strings.ContainsAny(s.SubjectPrefix, " \t*>"):
+		return fmt.Errorf("subject prefix %q (the relay's stream prefix): must end with '.', so that the stream holds %s>, "+
+			"and have no spaces or wildcards", s.SubjectPrefix, s.SubjectPrefix)
 	case s.Duplicates < time.Second || s.MaxAge < s.Duplicates:
 		return fmt.Errorf("duplicate window %s / max age %s: the window at least 1s, the age at least the window", s.Duplicates, s.MaxAge)
 	case s.Replicas < 1 || s.Replicas > 5:

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// NATSImage is the image of the Docker step of NATS (none yet: see NATS).
+// NATSImage is the image of the Docker step of NATS, run with JetStream.
 const NATSImage = "nats:2-alpine"
 
 var natsKind = kind{
@@ -22,15 +22,13 @@ var natsKind = kind{
 	image:      NATSImage,
 	aptPackage: "nats-server",
 	ping:       pingNATS,
-	docker:     func() Starter { return nil },
+	docker:     func() Starter { return dockerNATS },
 	local:      LocalNATS,
 }
 
-// NATS returns a NATS server with JetStream: from opt.EnvVar, else a local
-// nats-server process. (There is no Docker step for NATS: the Debian
-// package nats-server is the way, and CI installs it.)
+// NATS returns a NATS server with JetStream: from opt.EnvVar, else a Docker
+// container, else a local nats-server process.
 func NATS(ctx context.Context, opt Options) (*Server, error) {
-	opt.NoDocker = true
 	return find(ctx, opt, natsKind)
 }
 

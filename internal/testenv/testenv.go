@@ -46,14 +46,16 @@ const (
 // A Starter starts a server for the caller.
 type Starter func(ctx context.Context, opt Options) (*Server, error)
 
-// dockerPostgres and dockerRedis are the Docker step: nil unless UseDocker
-// installed them.
-var dockerPostgres, dockerRedis Starter
+// dockerPostgres, dockerRedis and dockerNATS are the Docker step: nil
+// unless UseDocker installed them.
+var dockerPostgres, dockerRedis, dockerNATS Starter
 
-// UseDocker installs the Docker step of Postgres and Redis. Package
+// UseDocker installs the Docker step of Postgres, Redis and NATS. Package
 // internal/testenv/containers calls it from its init, before any caller
 // looks for a server.
-func UseDocker(postgres, redis Starter) { dockerPostgres, dockerRedis = postgres, redis }
+func UseDocker(postgres, redis, nats Starter) {
+	dockerPostgres, dockerRedis, dockerNATS = postgres, redis, nats
+}
 
 // errNoDocker: this binary has no Docker step.
 var errNoDocker = errors.New("not in this binary (only tests import internal/testenv/containers)")

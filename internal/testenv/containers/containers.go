@@ -16,6 +16,7 @@ import (
 	tclog "github.com/testcontainers/testcontainers-go/log"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/tedbank/outbox/internal/testenv"
 )
@@ -23,7 +24,7 @@ import (
 // dockerHealthTimeout bounds the check that a Docker engine answers.
 const dockerHealthTimeout = 5 * time.Second
 
-func init() { testenv.UseDocker(dockerPostgres, dockerRedis) }
+func init() { testenv.UseDocker(dockerPostgres, dockerRedis, dockerNATS) }
 
 func dockerPostgres(ctx context.Context, opt testenv.Options) (_ *testenv.Server, err error) {
 	logger := tcLogger(opt)
@@ -73,6 +74,34 @@ func dockerRedis(ctx context.Context, opt testenv.Options) (_ *testenv.Server, e
 		return nil, errors.Join(fmt.Errorf("connection string of %s: %w", testenv.RedisImage, err), testcontainers.TerminateContainer(ctr))
 	}
 	return testenv.NewServer(u, testenv.SourceDocker, func() error { return testcontainers.TerminateContainer(ctr) }), nil
+}
+
+func dockerNATS(ctx context.Context, opt testenv.Options) (_ *testenv.Server, err error) {
+	logger := tcLogger(opt)
+	if err := dockerHealthy(ctx, logger); err != nil {
+		return nil, err
+	}
+	defer recoverPanic(&err)
+
+	opt.Logf("testenv: starting docker container", "image", testenv.NATSImage)
+	ctr, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
+		ContainerRequest: testcontainers.ContainerRequest{
+			Image:        testenv.NATSImage,
+			Cmd:          append([]string{"-js"}, opt.ExtraArgs...),
+			ExposedPorts: []string{"4222/tcp"},
+			WaitingFor:   wait.ForListeningPort("4222/tcp"),
+		},
+		Started: true,
+		Logger:  logger,
+	})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("start %s: %w", testenv.NATSImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	endpoint, err := ctr.PortEndpoint(ctx, "4222/tcp", "nats")
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("address of %s: %w", testenv.NATSImage, err), testcontainers.TerminateContainer(ctr))
+	}
+	return testenv.NewServer(endpoint, testenv.SourceDocker, func() error { return testcontainers.TerminateContainer(ctr) }), nil
 }
 
 // dockerHealthy reports whether testcontainers can reach a Docker engine. It
