@@ -159,7 +159,7 @@ type run struct {
 	proxyNATS         string           // its URL through the proxy
 	nc                *nats.Conn       // the monitor's, straight to the server
 	js                jetstream.JetStream
-	parts             int              // the relays' and consumers' --partitions
+	parts             int // the relays' and consumers' --partitions
 	dbURL, dbName     string
 	pgProxy, rdsProxy *tcpproxy.Proxy
 	relayDB, proxyRDS string // URLs through the proxies (proxyRDS: the cluster's URL)
