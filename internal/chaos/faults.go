@@ -57,14 +57,18 @@ func (r *run) mandatory() []planned {
 		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}}
 	}
 	if r.cfg.NATS {
-		// The broker's own faults; Redis's only where the consumers' effects
-		// are (the relays never touch it).
+		// The broker's own faults first, while the load runs; Redis's only
+		// where the consumers' effects are (the relays never touch it).
+		first = []planned{{NATSKill, ""}, {Blackhole, "nats"}, {NATSRestart, ""}}
+		if !r.cfg.Short {
+			first = append(first, planned{NATSKill, ""}, planned{Blackhole, "nats"})
+		}
+		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 		rest = []planned{
-			{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""},
-			{Blackhole, "pg"}, {Blackhole, "nats"}, {NATSKill, ""}, {NATSRestart, ""}, {RedisKill, ""},
+			{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""}, {Blackhole, "pg"}, {RedisKill, ""},
 		}
 		if !r.cfg.Short {
-			rest = append(rest, planned{NATSKill, ""}, planned{Blackhole, "redis"})
+			rest = append(rest, planned{Blackhole, "redis"})
 		}
 	}
 	if r.cfg.Short {
@@ -86,10 +90,13 @@ func (r *run) mandatory() []planned {
 		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}}
 	}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
-	if r.cfg.Cluster {
+	switch {
+	case r.cfg.Cluster:
 		// The fail points right after the cluster's faults, while the
 		// load still runs (on a single Redis the load outlasts them all).
 		return slices.Concat(first, fps, traffic, rest)
+	case r.cfg.NATS:
+		return slices.Concat(first, traffic, fps, rest)
 	}
 	return slices.Concat(traffic, fps, rest)
 }
