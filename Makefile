@@ -42,6 +42,8 @@ test:
 # Redis Cluster (3 masters + 3 replicas, --min-replicas 1, 16 partitions):
 # CHAOS_FLAGS='-chaos.cluster' (add -chaos.min-replicas 0 to see the loss).
 # Relays owning partitions instead of claiming rows: -chaos.ownership partitions.
+# On NATS JetStream (relays and consumers with --broker nats, the server's own
+# faults): CHAOS_FLAGS='-chaos.nats'.
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
 

@@ -10,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/relay"
 )
@@ -35,7 +36,9 @@ func exportedMetrics() descNames {
 	names := descNames{}
 	relay.NewMetrics(names)
 	fraud.NewMetrics(names)
-	names.MustRegister(relay.NewOutboxCollector(nil), fraud.NewGroupCollector(nil, "s", "g"))
+	consumer.NewMetrics(names, "ledger", "") // the ledger example's, as outbox ledger registers them
+	names.MustRegister(relay.NewOutboxCollector(nil), fraud.NewGroupCollector(nil, "s", "g"),
+		consumer.NewGroupCollector(nil, "ledger", "s", "g"))
 	return names
 }
 

@@ -197,15 +197,13 @@ type Keys struct {
 
 // Partition returns the keys of partition p: under Prefix{tag}: when there
 // are several (package partition), under Prefix when there is one.
-func (k Keys) Partition(p int) Keys {
-	return Keys{Prefix: partition.Prefix(k.Prefix, p, max(k.Partitions, 1)), Partitions: 1}
-}
+func (k Keys) Partition(p int) Keys { return Keys(k.engine().Partition(p)) }
 
 // Each returns the keys of every partition, by partition number.
 func (k Keys) Each() []Keys {
-	ks := make([]Keys, max(k.Partitions, 1))
-	for p := range ks {
-		ks[p] = k.Partition(p)
+	var ks []Keys
+	for _, e := range k.engine().Each() {
+		ks = append(ks, Keys(e))
 	}
 	return ks
 }

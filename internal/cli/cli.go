@@ -47,7 +47,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"migrate", "apply the schema migrations (idempotent, safe to run concurrently)", runMigrate},
-		{"relay", "publish committed outbox events to Redis Streams", runRelay},
+		{"relay", "publish committed outbox events to Redis Streams (or NATS JetStream: --broker nats)", runRelay},
 		{"fraud", "run the anti-fraud consumer; 'fraud report' prints its totals, 'fraud dlq list|retry' its dead letters", runFraud},
 		{"ledger", "run the ledger example's consumer (double entries in its own PostgreSQL, exactly once); 'ledger balances' prints them", runLedger},
 		{"settle", "settle random TEDs (a load generator)", runSettle},

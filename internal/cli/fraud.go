@@ -118,14 +118,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	if *metricsAddr != "" {
-		addr, err := metrics.Serve(ctx, *metricsAddr, reg, cons.Ready, log)
-		if err != nil {
-			return err
-		}
-		log.Info("serving metrics", "addr", addr)
-	}
-	return cons.Run(ctx)
+	return serveAndRun(ctx, *metricsAddr, reg, cons, log)
 }
 
 func runFraudReport(ctx context.Context, e *env, args []string) error {

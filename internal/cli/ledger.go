@@ -125,14 +125,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	if *metricsAddr != "" {
-		addr, err := metrics.Serve(ctx, *metricsAddr, reg, cons.Ready, log)
-		if err != nil {
-			return err
-		}
-		log.Info("serving metrics", "addr", addr)
-	}
-	return cons.Run(ctx)
+	return serveAndRun(ctx, *metricsAddr, reg, cons, log)
 }
 
 func runLedgerBalances(ctx context.Context, e *env, args []string) error {

@@ -123,14 +123,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	if *metricsAddr != "" {
-		addr, err := metrics.Serve(ctx, *metricsAddr, reg, r.Ready, log)
-		if err != nil {
-			return err
-		}
-		log.Info("serving metrics", "addr", addr)
-	}
-	return r.Run(ctx)
+	return serveAndRun(ctx, *metricsAddr, reg, r, log)
 }
 
 // minReplicasFlag defines --min-replicas, defaulting to OUTBOX_MIN_REPLICAS;
