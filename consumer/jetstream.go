@@ -212,6 +212,12 @@ func (c *Consumer) handleJetStream(ctx context.Context, f feed, msgs []jetstream
 			_ = msgs[i].NakWithDelay(retryDelay(int(ds[i].attempt)))
 		}
 	}
+	// The acknowledgements are fire-and-forget: make sure they left (a
+	// process stopping right after would lose them, and the messages would
+	// come again, as duplicates).
+	if err := c.js.Conn().FlushTimeout(c.cfg.Block); err != nil && ackErr == nil {
+		ackErr = fmt.Errorf("flush the acknowledgements: %w", err)
+	}
 	if done.transient != nil {
 		return done.transient
 	}
