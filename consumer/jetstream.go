@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/failpoint"
+	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/relay/entry"
 )
@@ -93,6 +94,9 @@ func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
 				errors.Is(err, jetstream.ErrStreamNotFound) {
 				cons = nil // take it over again
 			}
+			if natsjs.Stale(err) {
+				_ = c.js.Conn().ForceReconnect() // half-open? a new connection for the retry
+			}
 			failures++
 			d := retryDelay(failures)
 			log.Warn("reading JetStream failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
@@ -144,7 +148,13 @@ func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Co
 func (c *Consumer) readJetStream(ctx context.Context, f feed, cons jetstream.Consumer) error {
 	msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
 	if err == nil && len(msgs) == 0 {
-		if msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.Block))); err == nil && len(msgs) == 1 && c.cfg.BatchSize > 1 {
+		opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(c.cfg.Block)}
+		if c.cfg.Block >= time.Second {
+			// Heartbeats while it waits: a silent (half-open) connection
+			// shows within half a block, not after the pings.
+			opts = append(opts, jetstream.FetchHeartbeat(c.cfg.Block/4))
+		}
+		if msgs, err = collect(cons.Fetch(1, opts...)); err == nil && len(msgs) == 1 && c.cfg.BatchSize > 1 {
 			var more []jetstream.Msg
 			more, err = collect(cons.FetchNoWait(c.cfg.BatchSize - 1))
 			msgs = append(msgs, more...)

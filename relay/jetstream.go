@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -139,6 +140,11 @@ func (b *jetStreamBroker) publish(ctx context.Context, msgs []message, subjects 
 		}
 	}
 	endSpans(spans, errs)
+	if slices.ContainsFunc(errs, natsjs.Stale) {
+		// Acknowledgements that never came: the connection may be
+		// half-open. A new one for the retry.
+		_ = b.js.Conn().ForceReconnect()
+	}
 	for _, err := range errs {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrStreamNotFound) {
 			b.mu.Lock()

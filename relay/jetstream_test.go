@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/relay/entry"
@@ -140,4 +142,47 @@ func TestJetStreamOutageCountsNoAttempt(t *testing.T) {
 		_, _ = r.DrainBatch(f.Ctx)
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10
 	}, "the relay did not publish after NATS came back")
+}
+
+// A half-open connection to NATS (its packets swallowed, nothing closed)
+// costs one batch: the publish that gets no acknowledgement makes the relay
+// reconnect, and the retry goes through a new connection, without waiting
+// for the pings to notice.
+func TestJetStreamHalfOpenConnectionIsReplaced(t *testing.T) {
+	f := newFixture(t)
+	px, err := tcpproxy.Start(strings.TrimPrefix(outboxtest.NATSURL(t), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	nc, js, err := natsjs.Connect("nats://"+px.Addr(), "outbox-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cfg := f.RelayConfig("r1")
+	cfg.Lease, cfg.PublishTimeout = 4*time.Second, time.Second
+	r, err := relay.NewJetStream(f.Pool, relay.JetStream{JS: js, Stream: outboxtest.NATSStream(t)}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Settle(3)
+	if n := f.DrainAll(r); n != 3 {
+		t.Fatalf("published %d, want 3", n)
+	}
+	px.Freeze() // the connection goes silent; new ones flow
+	f.Settle(3)
+	res, err := r.DrainBatch(f.Ctx)
+	if err == nil && !res.BrokerDown {
+		t.Fatalf("drain over a silent connection: %+v %v, want the broker down", res, err)
+	}
+	started := time.Now()
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		_, _ = r.DrainBatch(f.Ctx)
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 6
+	}, "not published after the connection went silent")
+	// The pings would have taken about 6s to give the connection up.
+	if took := time.Since(started); took > 3*time.Second {
+		t.Fatalf("published %s after the failed batch: the relay waited for the pings instead of reconnecting", took)
+	}
 }
