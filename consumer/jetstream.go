@@ -74,10 +74,20 @@ func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
 	f := feed{part: pt, fence: fence}
 	log := c.log.With(slog.Int("partition", pt.n))
 	var cons jetstream.Consumer
+	var reconnects uint64 // the connection's reconnects when cons was taken over
 	failures := 0
 	for ctx.Err() == nil {
 		var err error
+		if n := c.js.Conn().Stats().Reconnects; cons != nil && n != reconnects {
+			// Messages the server sent into the lost connection wait out
+			// their ack wait before they come again, and newer ones would
+			// overtake them: take the partition over again, from its ack
+			// floor, as after a crash.
+			log.Info("NATS connection replaced; re-reading the partition from its ack floor")
+			cons = nil
+		}
 		if cons == nil {
+			reconnects = c.js.Conn().Stats().Reconnects
 			cons, err = c.takeOverJetStream(ctx, pt)
 		} else {
 			err = c.readJetStream(ctx, f, cons)
@@ -146,18 +156,20 @@ func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Co
 // came with it. (A Fetch of a whole batch would wait out the Block whenever
 // fewer are waiting: every event's latency would include it.)
 func (c *Consumer) readJetStream(ctx context.Context, f feed, cons jetstream.Consumer) error {
-	msgs, err := collect(cons.FetchNoWait(c.cfg.BatchSize))
+	limit := c.cfg.Block + fetchGrace
+	msgs, err := collect(ctx, limit)(cons.FetchNoWait(c.cfg.BatchSize))
 	if err == nil && len(msgs) == 0 {
-		opts := []jetstream.FetchOpt{jetstream.FetchMaxWait(c.cfg.Block)}
-		if c.cfg.Block >= time.Second {
-			// Heartbeats while it waits: a silent (half-open) connection
-			// shows within half a block, not after the pings.
-			opts = append(opts, jetstream.FetchHeartbeat(c.cfg.Block/4))
-		}
-		if msgs, err = collect(cons.Fetch(1, opts...)); err == nil && len(msgs) == 1 && c.cfg.BatchSize > 1 {
+		started := time.Now()
+		if msgs, err = collect(ctx, limit)(cons.Fetch(1, jetstream.FetchMaxWait(c.cfg.Block))); err == nil && len(msgs) == 1 && c.cfg.BatchSize > 1 {
 			var more []jetstream.Msg
-			more, err = collect(cons.FetchNoWait(c.cfg.BatchSize - 1))
+			more, err = collect(ctx, limit)(cons.FetchNoWait(c.cfg.BatchSize - 1))
 			msgs = append(msgs, more...)
+		}
+		if err == nil && len(msgs) == 0 && time.Since(started) >= c.cfg.Block*3/2 && ctx.Err() == nil {
+			// The server ends an expired pull request at its expiry; only
+			// the client's own timer, later, ended this one: the
+			// connection is silent (half-open).
+			err = errSilent
 		}
 	}
 	if len(msgs) > 0 {
@@ -166,21 +178,48 @@ func (c *Consumer) readJetStream(ctx context.Context, f feed, cons jetstream.Con
 	return err
 }
 
-// collect reads a fetch's messages; running out of time or of messages is
-// not an error.
-func collect(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
-	if err != nil {
-		return nil, fmt.Errorf("fetch: %w", err)
+// fetchGrace is how much longer than its own wait a fetch may take before
+// it is given up (its connection went silent, and the client library did
+// not notice).
+const fetchGrace = 5 * time.Second
+
+// errSilent: a fetch ended by the client's timer, not the server's answer.
+var errSilent = fmt.Errorf("no answer from the server to a pull request (half-open connection?): %w", nats.ErrTimeout)
+
+// errFetchHung: a fetch did not end within its wait and fetchGrace.
+var errFetchHung = fmt.Errorf("fetch did not end in time: %w", nats.ErrTimeout)
+
+// collect returns a function that reads a fetch's messages, giving up after
+// limit; running out of time or of messages is not an error. Messages that
+// arrive after it gave up are delivered again after their ack wait.
+func collect(ctx context.Context, limit time.Duration) func(jetstream.MessageBatch, error) ([]jetstream.Msg, error) {
+	return func(batch jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+		if err != nil {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		var msgs []jetstream.Msg
+		for {
+			select {
+			case m, ok := <-batch.Messages():
+				if ok {
+					msgs = append(msgs, m)
+					continue
+				}
+			case <-timer.C:
+				return msgs, errFetchHung
+			case <-ctx.Done():
+				return msgs, ctx.Err()
+			}
+			break
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) &&
+			!errors.Is(err, jetstream.ErrNoMessages) {
+			return msgs, fmt.Errorf("fetch: %w", err)
+		}
+		return msgs, nil
 	}
-	var msgs []jetstream.Msg
-	for m := range batch.Messages() {
-		msgs = append(msgs, m)
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) &&
-		!errors.Is(err, jetstream.ErrNoMessages) {
-		return msgs, fmt.Errorf("fetch: %w", err)
-	}
-	return msgs, nil
 }
 
 // handleJetStream applies msgs and acknowledges each as its outcome says.

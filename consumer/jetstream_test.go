@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay/entry"
 )
 
@@ -191,5 +193,46 @@ func TestJetStreamFailuresRetriedOrDeadLettered(t *testing.T) {
 	}
 	if st := c.Stats(); st.Failed != 4 {
 		t.Fatalf("stats %+v: want 4 failures (the flaky message's 2, the poison's 2 deliveries)", st)
+	}
+}
+
+// A consumer whose connection to NATS goes silent (half-open) notices from
+// its blocking fetch, which the server no longer ends, reconnects, and reads
+// the partition again from its ack floor (the event the server sent into the
+// silent connection would otherwise wait out its ack wait), without waiting
+// for the pings.
+func TestJetStreamConsumerReplacesAHalfOpenConnection(t *testing.T) {
+	e := newJSEnv(t)
+	px, err := tcpproxy.Start(strings.TrimPrefix(outboxtest.NATSURL(t), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	nc, js, err := natsjs.Connect("nats://"+px.Addr(), "outbox-test-proxied")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	h := newRecorder(e.rdb.Client)
+	cfg := e.cfg
+	cfg.Block = time.Second
+	c, err := NewJetStream(e.rdb.Client, js, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	e.publish(uuid.New(), "before")
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 1 }, "the first event was not applied")
+	time.Sleep(200 * time.Millisecond) // the consumer waits in its blocking fetch
+	px.Freeze()
+	e.publish(uuid.New(), "after") // through the test's own connection
+	started := time.Now()
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 2 }, "the event published after the freeze was not applied")
+	// The pings alone would take about 6s.
+	if took := time.Since(started); took > 4*time.Second {
+		t.Fatalf("applied %s after the freeze: the consumer waited for the pings", took)
 	}
 }
