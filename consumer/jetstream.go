@@ -100,10 +100,12 @@ func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
 			log.Error("partition lease lost while applying its events; stopping the partition", slog.Any("error", err))
 			return
 		default:
-			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
-				errors.Is(err, jetstream.ErrStreamNotFound) {
-				cons = nil // take it over again
-			}
+			// Read the partition again from its ack floor: what failed
+			// comes first, before anything newer (the partition's order),
+			// as the Redis path applies its pending entries first. (A
+			// message that keeps failing is retried so, every round, with
+			// the ones after it: skipped as duplicates.)
+			cons = nil
 			if natsjs.Stale(err) {
 				_ = c.js.Conn().ForceReconnect() // half-open? a new connection for the retry
 			}
