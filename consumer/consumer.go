@@ -18,12 +18,13 @@
 //
 // The code, one concept per file: consumer.go (the Consumer, Run, one
 // worker per partition), message.go (Message, Batch, Handler), read.go
-// (what to read: own pending entries, new entries, idle entries of dead
-// consumers, entries a previous partition owner left), handle.go (one batch:
-// decode, handle, acknowledge), inbox.go (the PostgreSQL inbox), script.go
-// (the Redis Lua path), deadletter.go and deadletter.lua, ownership.go and
-// lease.lua (partition leases), name.go (one process per consumer name),
-// keys.go, config.go and metrics.go.
+// (what to read from Redis Streams: own pending entries, new entries, idle
+// entries of dead consumers, entries a previous partition owner left),
+// jetstream.go (reading NATS JetStream instead), handle.go (one batch:
+// decode, handle, acknowledge), script.go (the Redis Lua path),
+// deadletter.go and deadletter.lua, ownership.go and lease.lua (partition
+// leases), name.go (one process per consumer name), keys.go, config.go and
+// metrics.go. The PostgreSQL inbox is package consumer/inbox.
 package consumer
 
 import (

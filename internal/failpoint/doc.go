@@ -13,7 +13,10 @@
 //
 // Kill points: relay.after-claim, relay.after-xadd, and of each consumer
 // (package consumer, Config.Name) <name>.after-read and <name>.after-effect
-// (fraud.after-read, fraud.after-effect). Error points: relay.after-busy.
+// (fraud.after-read, fraud.after-effect, ledger.after-read,
+// ledger.after-effect), and on the inbox path (package consumer/inbox)
+// inbox.after-insert and inbox.before-commit. Error points:
+// relay.after-busy.
 //
 // Fail points exist only in binaries built with -tags failpoint (the crash
 // tests, the chaos suite and make demo build theirs so). Without the tag,
