@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"encoding/json"
 	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -84,19 +83,7 @@ func TestEndToEndOnNATS(t *testing.T) {
 		t.Fatalf("status on NATS: %s", out)
 	}
 	for name, c := range map[string]*exec.Cmd{"relay": relayCmd, "fraud": fraudCmd, "ledger": ledgerCmd} {
-		if err := c.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- c.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s exited with %v after SIGTERM", name, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s ignored SIGTERM for 10s", name)
-		}
+		stopWithSIGTERM(t, name, c)
 	}
 }
 

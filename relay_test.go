@@ -274,6 +274,26 @@ func TestCrashAfterEffectBeforeAckAppliesEffectOnce(t *testing.T) {
 	f.checkEffectsOnce(teds)
 }
 
+// stopWithSIGTERM sends cmd SIGTERM and requires it to exit 0 within 10s.
+func stopWithSIGTERM(t *testing.T, name string, cmd *exec.Cmd) {
+	t.Helper()
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s exited with %v after SIGTERM", name, err)
+		}
+		t.Logf("%s stopped %.0f ms after SIGTERM", name, float64(time.Since(start).Milliseconds()))
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s ignored SIGTERM for 10s", name)
+	}
+}
+
 // --- End to end through the real binary ---------------------------------------
 
 // Every settled TED reaches anti-fraud through the real commands, and the
@@ -342,21 +362,7 @@ func TestEndToEndWithCommands(t *testing.T) {
 	}
 
 	for name, c := range map[string]*exec.Cmd{"relay": relayCmd, "fraud": fraudCmd} {
-		start := time.Now()
-		if err := c.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- c.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s exited with %v after SIGTERM", name, err)
-			}
-			t.Logf("%s stopped %.0f ms after SIGTERM", name, float64(time.Since(start).Milliseconds()))
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s ignored SIGTERM for 10s", name)
-		}
+		stopWithSIGTERM(t, name, c)
 	}
 }
 
