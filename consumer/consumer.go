@@ -53,8 +53,9 @@ type Consumer struct {
 	rdb     redis.Cmdable
 	js      jetstream.JetStream // set: messages come from NATS JetStream (jetstream.go), not Redis Streams
 	handler Handler
-	keys    Keys   // the keys of the group as a whole (names, members)
-	parts   []part // the stream's partitions
+	keys    Keys    // the keys of the group as a whole (names, members)
+	parts   []part  // the stream's partitions
+	gates   []*gate // each partition's per-key order, for the single steps (Run's workers have their own)
 	log     *slog.Logger
 	stats   counters
 	// token identifies this process in the consumer name's lease.
@@ -98,12 +99,18 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 			return nil, err
 		}
 	}
+	ps := parts(cfg)
+	gates := make([]*gate, len(ps))
+	for i := range gates {
+		gates[i] = newGate()
+	}
 	return &Consumer{
 		cfg:         cfg,
+		gates:       gates,
 		rdb:         rdb,
 		handler:     h,
 		keys:        Keys{Prefix: cfg.KeyPrefix},
-		parts:       parts(cfg),
+		parts:       ps,
 		token:       uuid.NewString(),
 		log:         cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
 		afterRead:   cfg.Name + ".after-read",
@@ -193,10 +200,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 // feed is a partition as one of its workers applies it: fence is the lease
 // value the effects must find (empty: applied without ownership, by the
-// single steps ReadNew, ProcessPending and ClaimIdle).
+// single steps ReadNew, ProcessPending and ClaimIdle); gate keeps each key's
+// order across reads (order.go; nil for JetStream, which reads a partition
+// again from its ack floor after any failure).
 type feed struct {
 	part
 	fence string
+	gate  *gate
 }
 
 // work applies partition pt while this consumer holds its lease with value
@@ -206,7 +216,7 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 		c.workJetStream(ctx, pt, fence)
 		return
 	}
-	f := feed{part: pt, fence: fence}
+	f := feed{part: pt, fence: fence, gate: newGate()}
 	log := c.log.With(slog.Int("partition", pt.n))
 	takenOver := false
 	needPending := false
@@ -234,15 +244,32 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			// ones: one entry that keeps failing must not stop the rest.
 			if err = c.processPending(ctx, f); err != nil {
 				pendingFailures++
-				retryPendingAt = time.Now().Add(retryDelay(pendingFailures))
+				d := retryDelay(pendingFailures)
+				retryPendingAt = time.Now().Add(d)
+				if !errors.Is(err, ErrFenced) && !redis.HasErrorPrefix(err, "NOGROUP") && ctx.Err() == nil {
+					// The backoff paces these retries: read new
+					// entries meanwhile (the gate holds back those
+					// of the failing keys).
+					log.Warn("pending entries failed again; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+					err = nil
+				}
 			} else {
-				needPending, pendingFailures = false, 0
+				// Entries held behind a failed one were read with it in
+				// this pass; none should be left, but if one is, try
+				// again soon, not in a tight loop.
+				needPending, pendingFailures = !f.gate.empty(), 0
+				retryPendingAt = time.Now().Add(retryDelay(1))
 			}
 		case time.Since(lastClaim) >= c.cfg.ClaimInterval:
 			_, err = c.claim(ctx, f, c.cfg.ClaimMinIdle)
 			lastClaim = time.Now()
 		default:
 			_, err = c.readNew(ctx, f)
+		}
+		if !f.gate.empty() {
+			// Entries wait behind a failed one of their key: they are
+			// applied by the retry of the pending entries, in order.
+			needPending = true
 		}
 		switch {
 		case err == nil:

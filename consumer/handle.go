@@ -14,6 +14,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/relay/entry"
 )
 
 // handle applies the effect of each Redis stream entry through the handler
@@ -27,7 +28,7 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 	attempt := c.deliveries(ctx, f, msgs, redelivered)
 	ds := make([]delivery, len(msgs))
 	for i, x := range msgs {
-		ds[i] = delivery{id: x.ID, values: x.Values, attempt: attempt(x.ID)}
+		ds[i] = newDelivery(x.ID, x.Values, attempt(x.ID))
 	}
 	done := c.apply(ctx, f, ds, "redis")
 	if len(done.ack) > 0 {
@@ -50,31 +51,48 @@ type delivery struct {
 	id      string         // the broker's id of it: a stream entry id, a JetStream sequence
 	values  map[string]any // its fields as the relay wrote them (relay/entry); nil: trimmed while pending
 	attempt int64          // its delivery count
+	key     string         // its partition key, its unit of order ("": none written)
+}
+
+func newDelivery(id string, values map[string]any, attempt int64) delivery {
+	key, _ := values[entry.PartitionKey].(string)
+	return delivery{id: id, values: values, attempt: attempt, key: key}
 }
 
 // applied is what became of a read's deliveries.
 type applied struct {
 	ack       []int          // the deliveries done (or with nothing left to do), by index
 	bad       []invalidEntry // never applicable: pending until their last delivery, then dead-lettered
+	held      []int          // left pending behind an earlier message of their key, by index
 	transient error          // the last delivery left pending for a retry, and why
 }
 
-// apply decodes ds, runs the handler on the valid ones and sorts the
-// outcome; system names the broker in the spans.
+// apply decodes ds, runs the handler on the valid ones that the partition's
+// gate admits (order.go) and sorts the outcome; system names the broker in
+// the spans.
 func (c *Consumer) apply(ctx context.Context, f feed, ds []delivery, system string) applied {
 	var done applied
 	var valid []item
+	admitted := f.gate.admit(ds)
 	for i, d := range ds {
 		if d.values == nil {
 			// Trimmed or deleted while pending: nothing left to process.
 			c.stats.lost.Add(1)
 			c.log.Error("pending entry has no payload (trimmed); acknowledging it", slog.String("entry_id", d.id))
 			done.ack = append(done.ack, i)
+			f.gate.done(d.id, d.key)
+			continue
+		}
+		if !admitted[i] {
+			// An earlier entry of its key is pending for a retry.
+			done.held = append(done.held, i)
+			f.gate.pending(d.id, d.key)
 			continue
 		}
 		m, err := DecodeEntry(d.id, d.values)
 		if err != nil {
 			done.bad = append(done.bad, invalidEntry{index: i, id: d.id, values: d.values, err: err})
+			f.gate.done(d.id, d.key)
 			continue
 		}
 		m.Partition, m.Attempt = f.n, d.attempt
@@ -97,14 +115,30 @@ func (c *Consumer) apply(ctx context.Context, f feed, ds []delivery, system stri
 		}
 	}
 	failpoint.Inject(c.afterEffect)
+	var order Order
 	for i, it := range valid {
-		switch err := c.settle(ctx, it, results[i]); {
+		r := results[i]
+		if r.Err == nil && r.Outcome != Duplicate && order.Holds(it.msg) {
+			// The handler broke its contract (Handler): nothing can undo
+			// the effect now, but it must not go unnoticed.
+			c.log.Error("per-key order broken: the handler applied a message after an earlier one of its key failed",
+				slog.String("event_id", it.msg.ID.String()), slog.String("key", it.msg.Key), slog.String("entry_id", it.msg.EntryID))
+		}
+		order.Failed(it.msg, r.Err)
+		d := ds[it.index]
+		switch err := c.settle(ctx, it, r); {
 		case err == nil:
 			done.ack = append(done.ack, it.index)
+			f.gate.done(d.id, d.key)
 		case errors.Is(err, ErrInvalid):
 			done.bad = append(done.bad, invalidEntry{index: it.index, id: it.msg.EntryID, values: it.values, err: err})
+			f.gate.done(d.id, d.key)
+		case errors.Is(err, ErrHeld):
+			done.held = append(done.held, it.index)
+			f.gate.pending(d.id, d.key)
 		default:
 			done.transient = err
+			f.gate.pending(d.id, d.key)
 		}
 	}
 	return done
@@ -141,6 +175,11 @@ func (c *Consumer) startSpan(ctx context.Context, f feed, m Message, system stri
 // settle ends one item's span and counts and logs its result. It returns
 // the item's error, if it must stay pending.
 func (c *Consumer) settle(ctx context.Context, it item, r Result) error {
+	if errors.Is(r.Err, ErrHeld) {
+		it.span.SetAttributes(attribute.String(c.outcomeAttr, "held"))
+		it.span.End()
+		return r.Err
+	}
 	if r.Err != nil {
 		it.span.RecordError(r.Err)
 		it.span.SetStatus(codes.Error, r.Err.Error())

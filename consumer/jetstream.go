@@ -239,7 +239,7 @@ func (c *Consumer) handleJetStream(ctx context.Context, f feed, msgs []jetstream
 				values[k] = v[0]
 			}
 		}
-		ds[i] = delivery{values: values, attempt: 1}
+		ds[i] = newDelivery("", values, 1)
 		if meta, err := m.Metadata(); err == nil {
 			ds[i].id = strconv.FormatUint(meta.Sequence.Stream, 10)
 			ds[i].attempt = int64(meta.NumDelivered)

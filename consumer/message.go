@@ -17,12 +17,17 @@ type Message struct {
 	Type          string    // the event type ("transfer.settled")
 	AggregateType string
 	AggregateID   string
-	Payload       []byte    // as written to the outbox
-	Headers       []byte    // a JSON object of strings (a W3C traceparent when tracing is on)
-	OccurredAt    time.Time // when the outbox row was written (zero if the entry does not say)
-	EntryID       string    // the stream entry's id
-	Partition     int       // the partition it was read from
-	Attempt       int64     // its delivery count: 1 on the first delivery
+	// Key is the event's partition key, its unit of order: a handler keeps
+	// the messages of one key in order (see Handler). Empty when the entry
+	// does not carry one (written before relays did): such a message is
+	// ordered after every earlier message, whatever its key.
+	Key        string
+	Payload    []byte    // as written to the outbox
+	Headers    []byte    // a JSON object of strings (a W3C traceparent when tracing is on)
+	OccurredAt time.Time // when the outbox row was written (zero if the entry does not say)
+	EntryID    string    // the stream entry's id
+	Partition  int       // the partition it was read from
+	Attempt    int64     // its delivery count: 1 on the first delivery
 }
 
 // Batch is the messages of one partition that one read returned, in stream
@@ -72,7 +77,15 @@ type Result struct {
 
 // Handler applies the effects of a batch of messages, each exactly once: a
 // message delivered again must find the record its first effect left and
-// come back Duplicate. It returns one Result per message, in order. Handle
+// come back Duplicate. It returns one Result per message, in order.
+//
+// It keeps each key's order: the messages of one Key take effect in batch
+// order, and once a message fails (any error but ErrInvalid), no later
+// message of its key may take effect in this batch: report those held
+// (Held, with an Order to track the failed keys), and the consumer delivers
+// them again after the failed one. The consumer does the same across
+// batches: while a message of a key is pending for a retry, no later
+// message of that key reaches the handler. Handle
 // runs on the goroutine of the batch's partition (with several partitions,
 // concurrently) and must finish even when ctx is cancelled. Inbox (the
 // effect in a PostgreSQL transaction with the event id in an inbox table)
@@ -148,6 +161,7 @@ func DecodeEntry(id string, values map[string]any) (Message, error) {
 		{entry.EventID, &rawID, true}, {entry.EventType, &m.Type, true}, {entry.Payload, &payload, true},
 		{entry.AggregateType, &m.AggregateType, false}, {entry.AggregateID, &m.AggregateID, false},
 		{entry.Headers, &headers, false}, {entry.OccurredAt, &occurred, false},
+		{entry.PartitionKey, &m.Key, false},
 	} {
 		if *f.to, err = str(f.name, f.required); err != nil {
 			return Message{}, err

@@ -33,7 +33,7 @@ func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
 	return c.read(ctx, streams, func(stream string) feed {
 		for _, pt := range c.parts {
 			if pt.stream == stream {
-				return feed{part: pt}
+				return feed{part: pt, gate: c.gates[pt.n]}
 			}
 		}
 		panic("consumer: XREADGROUP replied with a stream it was not asked for: " + stream)
@@ -126,7 +126,7 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 		return errSingleStepsRedisOnly
 	}
 	for _, pt := range c.parts {
-		if err := c.processPending(ctx, feed{part: pt}); err != nil {
+		if err := c.processPending(ctx, feed{part: pt, gate: c.gates[pt.n]}); err != nil {
 			return err
 		}
 	}
@@ -135,6 +135,7 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 
 func (c *Consumer) processPending(ctx context.Context, f feed) error {
 	cursor := "0"
+	seen := map[entryID]bool{}
 	for ctx.Err() == nil {
 		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group:    c.cfg.Group,
@@ -143,16 +144,19 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 			Count:    int64(c.cfg.BatchSize),
 			Block:    -1, // an explicit id never blocks; -1 leaves BLOCK out
 		}).Result()
-		if errors.Is(err, redis.Nil) {
+		if errors.Is(err, redis.Nil) || (err == nil && (len(res) == 0 || len(res[0].Messages) == 0)) {
+			// A whole pass: what the gate holds and this pass did not
+			// meet is pending with this consumer no more.
+			f.gate.keep(seen)
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("read pending: %w", err)
 		}
-		if len(res) == 0 || len(res[0].Messages) == 0 {
-			return nil
-		}
 		msgs := res[0].Messages
+		for _, m := range msgs {
+			seen[parseEntryID(m.ID)] = true
+		}
 		if err := c.handle(ctx, f, msgs, true); err != nil {
 			return err
 		}
@@ -172,7 +176,7 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 	}
 	total := 0
 	for _, pt := range c.parts {
-		n, err := c.claim(ctx, feed{part: pt}, c.cfg.ClaimMinIdle)
+		n, err := c.claim(ctx, feed{part: pt, gate: c.gates[pt.n]}, c.cfg.ClaimMinIdle)
 		total += n
 		if err != nil {
 			return total, err

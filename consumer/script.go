@@ -22,6 +22,13 @@ import (
 // Its keys go under Batch.Keys.Prefix, so that on a Redis Cluster they
 // share the partition stream's hash slot. RunScripts runs a batch's calls
 // in one round trip; package fraud is such a handler.
+//
+// A pipeline cannot stop between its calls, so a script must fail only
+// where every later call would fail too (the server's state: OOM,
+// READONLY, a lost connection) or never (an invalid message): a script
+// error that struck one call and not a later one of the same key would let
+// the later one take effect first (see Handler; the consumer logs it).
+// What a handler finds wrong before the pipeline, it holds with an Order.
 
 // ScriptCall is one script call: one message's effect.
 type ScriptCall struct {

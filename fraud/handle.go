@@ -30,10 +30,16 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 	evs := make([]Event, len(b.Messages))
 	calls := make([]consumer.ScriptCall, len(b.Messages))
 	keys := Keys{Prefix: b.Keys.Prefix}
+	var order consumer.Order // a sender's later TEDs wait behind one that fails here
 	for i, m := range b.Messages {
+		if order.Holds(m) {
+			res[i] = consumer.Held(m)
+			continue
+		}
 		ev, err := decodeMessage(m)
 		if err != nil {
 			res[i].Err = err
+			order.Failed(m, err)
 			continue
 		}
 		if want := partition.Of(ev.FromAccount, e.cfg.Partitions); want != b.Partition {
@@ -41,6 +47,7 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			// it pending, loudly, until the configuration is fixed.
 			res[i].Err = fmt.Errorf("event %s of sender %s is in the stream of partition %d, but of %d partitions the sender's is %d: "+
 				"the relay and this consumer disagree on the number of partitions", ev.EventID, ev.FromAccount, b.Partition, e.cfg.Partitions, want)
+			order.Failed(m, res[i].Err)
 			continue
 		}
 		evs[i] = ev

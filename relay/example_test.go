@@ -59,10 +59,10 @@ func ExampleRelay_Run() {
 		time.Sleep(time.Millisecond)
 	}
 	entry := rdb.XRange(ctx, "example.relay.outbox.event.order", "-", "+").Val()[0]
-	fmt.Println(entry.Values["event_type"], entry.Values["aggregate_id"], entry.Values["payload"])
+	fmt.Println(entry.Values["event_type"], entry.Values["aggregate_id"], entry.Values["partition_key"], entry.Values["payload"])
 	cancel()
 	fmt.Println("relay stopped:", <-done)
 	// Output:
-	// order.placed o-42 {"total_cents": 9990}
+	// order.placed o-42 o-42 {"total_cents": 9990}
 	// relay stopped: <nil>
 }

@@ -123,6 +123,7 @@ func (b *jetStreamBroker) publish(ctx context.Context, msgs []message, subjects 
 			entry.Headers:         {string(headers)},
 			entry.OccurredAt:      {m.CreatedAt.UTC().Format(time.RFC3339Nano)},
 			entry.Seq:             {strconv.FormatInt(m.Seq, 10)},
+			entry.PartitionKey:    {m.PartitionKey},
 		}}
 		futures[i], errs[i] = b.js.PublishMsgAsync(msg, jetstream.WithExpectStream(b.name))
 	}

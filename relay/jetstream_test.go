@@ -56,7 +56,7 @@ func TestJetStreamPublishesEachEventOnce(t *testing.T) {
 	if err != nil || info.State.Msgs != 20 {
 		t.Fatalf("stream %s: %+v (%v), want 20 messages", stream, info, err)
 	}
-	seqOf := map[string]string{}
+	seqOf, keyOf := map[string]string{}, map[string]string{}
 	for seq := uint64(1); seq <= 20; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
@@ -67,19 +67,23 @@ func TestJetStreamPublishesEachEventOnce(t *testing.T) {
 			t.Fatalf("message %d: subject %s headers %v body %q", seq, m.Subject, m.Header, m.Data)
 		}
 		seqOf[id] = strconv.FormatUint(seq, 10)
+		keyOf[id] = m.Header.Get(entry.PartitionKey)
 	}
-	rows, err := f.Pool.Query(ctx, "SELECT id::text, stream_id FROM outbox_messages WHERE status = 'published'")
+	rows, err := f.Pool.Query(ctx, "SELECT id::text, stream_id, coalesce(partition_key, aggregate_id) FROM outbox_messages WHERE status = 'published'")
 	if err != nil {
 		t.Fatal(err)
 	}
 	marked := 0
 	for rows.Next() {
-		var id, streamID string
-		if err := rows.Scan(&id, &streamID); err != nil {
+		var id, streamID, key string
+		if err := rows.Scan(&id, &streamID, &key); err != nil {
 			t.Fatal(err)
 		}
 		if seqOf[id] != streamID {
 			t.Errorf("event %s: stream_id %q, want its sequence %q", id, streamID, seqOf[id])
+		}
+		if keyOf[id] != key {
+			t.Errorf("event %s: header %s %q, want its partition key %q", id, entry.PartitionKey, keyOf[id], key)
 		}
 		marked++
 	}

@@ -169,6 +169,7 @@ func (b *redisBroker) publishOn(ctx context.Context, rdb Pipeliner, idx []int, m
 					entry.Headers, headers,
 					entry.OccurredAt, m.CreatedAt.UTC().Format(time.RFC3339Nano),
 					entry.Seq, m.Seq,
+					entry.PartitionKey, m.PartitionKey,
 				},
 			})
 		}

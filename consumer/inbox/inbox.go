@@ -19,7 +19,8 @@
 // A batch of messages is applied in one transaction (one commit for the
 // batch); if a handler fails, the batch is rolled back and its messages are
 // applied one transaction each, so that one failing message does not hold
-// the others back. With partition ownership each transaction also checks the
+// the other keys back, while the later messages of its own key are held
+// (consumer.Held) until it is applied: a key's order survives the failure. With partition ownership each transaction also checks the
 // partition's fence (consumer_fences): a consumer that lost the partition
 // commits nothing.
 //
@@ -164,10 +165,18 @@ func (in *Inbox) Handle(ctx context.Context, b consumer.Batch) []consumer.Result
 		return res
 	}
 	// One message (or the commit) failed: apply each on its own, so that
-	// the others are not held back by it.
-	for i := range b.Messages {
+	// the other keys are not held back by it; the later messages of a key
+	// whose message failed are held (consumer.Order): they must not take
+	// effect before it.
+	var order consumer.Order
+	for i, m := range b.Messages {
+		if order.Holds(m) {
+			res[i] = consumer.Held(m)
+			continue
+		}
 		if err := in.apply(ctx, b, epoch, b.Messages[i:i+1], res[i:i+1]); err != nil {
 			res[i] = consumer.Result{Err: err}
+			order.Failed(m, err)
 		}
 	}
 	return res

@@ -54,11 +54,14 @@ func (e *env) publish(aggs ...string) []uuid.UUID {
 	return ids
 }
 
-func (e *env) xadd(id uuid.UUID, agg string) {
+func (e *env) xadd(id uuid.UUID, agg string) { e.xaddKey(id, agg, agg) }
+
+// xaddKey appends an event of aggregate agg with partition key key.
+func (e *env) xaddKey(id uuid.UUID, agg, key string) {
 	e.t.Helper()
 	err := e.rdb.XAdd(e.ctx, &redis.XAddArgs{Stream: e.stream, Values: []any{
 		"event_id", id.String(), "event_type", "thing.happened", "aggregate_type", "thing",
-		"aggregate_id", agg, "payload", `{}`, "headers", "{}",
+		"aggregate_id", agg, "payload", `{}`, "headers", "{}", "partition_key", key,
 	}}).Err()
 	if err != nil {
 		e.t.Fatal(err)

@@ -5,7 +5,10 @@
 // Every field is a string: Payload is the event's payload as written to the
 // outbox (JSON for transfer events), Headers a JSON object of strings (with a
 // W3C traceparent when tracing is on), OccurredAt the outbox row's creation
-// time in RFC 3339 with nanoseconds, Seq the row's seq in decimal.
+// time in RFC 3339 with nanoseconds, Seq the row's seq in decimal,
+// PartitionKey the event's partition key (the outbox row's partition_key, or
+// its aggregate id when it has none): the unit of order, which consumers keep
+// across failures (an entry without it is ordered after every earlier one).
 package entry
 
 const (
@@ -17,4 +20,5 @@ const (
 	Headers       = "headers"
 	OccurredAt    = "occurred_at"
 	Seq           = "seq"
+	PartitionKey  = "partition_key"
 )
