@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -305,6 +306,25 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 	st := status()
 	if st.Published != 300 || st.StreamLength != 300 || st.GroupPending != 0 || st.GroupLag != 0 || st.Partitions != 4 || len(st.ByPartition) != 4 {
 		t.Fatalf("status: %+v", st)
+	}
+	// status names the streams the relay wrote, as docs/streams.md does.
+	written, err := f.Redis.Keys(f.Ctx, f.Stream()+":*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(written)
+	listed := slices.Sorted(slices.Values(st.Streams))
+	var documented []string
+	for _, tag := range []string{"p0.1", "p1.3", "p2.1", "p3.3"} {
+		documented = append(documented, f.Stream()+":{"+tag+"}")
+	}
+	if !slices.Equal(written, listed) || !slices.Equal(listed, documented) {
+		t.Fatalf("streams written %v, listed by status %v, documented %v: all three must agree", written, listed, documented)
+	}
+	for p, ps := range st.ByPartition {
+		if ps.Stream != st.Streams[p] {
+			t.Fatalf("status: partition %d's stream %s, but streams[%d] is %s", p, ps.Stream, p, st.Streams[p])
+		}
 	}
 	out, err = cmd("fraud", "report", "--json", "--key-prefix", f.keyPrefix()).Output()
 	if err != nil {

@@ -42,7 +42,10 @@ type Status struct {
 	DeadLettered         int64   `json:"dead_lettered"`
 	// With several partitions, the stream, group and dead-letter figures
 	// above are sums over the partitions, and ByPartition has each one.
-	Partitions  int               `json:"partitions"`
+	Partitions int `json:"partitions"`
+	// Streams is every partition's stream (or JetStream subject) name, by
+	// partition: what the relay writes (docs/streams.md).
+	Streams     []string          `json:"streams"`
 	ByPartition []PartitionStatus `json:"by_partition"`
 	// RelaySlots: with relays that own partitions (--ownership
 	// partitions), how many of the partition slots each relay holds;
@@ -101,6 +104,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	}
 	st := Status{Stream: *stream, Group: *group, DeadLetterStream: fraud.Keys{Prefix: *keyPrefix}.DeadLetters(), Partitions: nParts,
 		Broker: broker.name}
+	st.Streams = partition.Streams(*stream, nParts)
 	keys := fraud.Keys{Prefix: *keyPrefix, Partitions: nParts}
 	// Each side is read on its own: an operator needs the PostgreSQL backlog
 	// most when Redis is down, and the stream's state when PostgreSQL is.
