@@ -193,9 +193,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		wg.Go(func() { m.Maintain(ctx) })
 		defer wg.Wait()
 	}
-	c.own(ctx)
+	err := c.own(ctx)
 	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))
-	return nil
+	return err
 }
 
 // feed is a partition as one of its workers applies it: fence is the lease

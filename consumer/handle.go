@@ -92,7 +92,7 @@ func (c *Consumer) apply(ctx context.Context, f feed, ds []delivery, system stri
 		m, err := DecodeEntry(d.id, d.values)
 		if err != nil {
 			done.bad = append(done.bad, invalidEntry{index: i, id: d.id, values: d.values, err: err})
-			f.gate.done(d.id, d.key)
+			f.gate.invalidPending(d.id, d.key)
 			continue
 		}
 		m.Partition, m.Attempt = f.n, d.attempt
@@ -132,7 +132,7 @@ func (c *Consumer) apply(ctx context.Context, f feed, ds []delivery, system stri
 			f.gate.done(d.id, d.key)
 		case errors.Is(err, ErrInvalid):
 			done.bad = append(done.bad, invalidEntry{index: it.index, id: it.msg.EntryID, values: it.values, err: err})
-			f.gate.done(d.id, d.key)
+			f.gate.invalidPending(d.id, d.key)
 		case errors.Is(err, ErrHeld):
 			done.held = append(done.held, it.index)
 			f.gate.pending(d.id, d.key)

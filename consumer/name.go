@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -66,23 +65,39 @@ func (c *Consumer) ensureNameFree(ctx context.Context) error {
 	}
 }
 
-// renewName extends the name's lease if a third of it has passed. Another
-// process that took the name meanwhile (this one stalled past the TTL) is
-// reported; the consumer goes on, as its effects stay exactly-once.
-func (c *Consumer) renewName(ctx context.Context) {
+// renewScript extends the name's lease if it still holds this process's
+// token, takes it back if it expired with nobody taking it, and otherwise
+// (another process holds the name) changes nothing and returns 0.
+var renewScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1`)
+
+// errNameTaken: another process took this consumer's name while this one
+// was away (stalled past the name's lease, cut from Redis).
+var errNameTaken = fmt.Errorf("%w: another process took this consumer's name while this one stalled past its lease; "+
+	"this one stands down for good (its partitions are the other's now)", ErrNameInUse)
+
+// renewName extends the name's lease if a third of it has passed. If
+// another process took the name meanwhile (this one stalled past the TTL
+// and a supervisor started a replacement), it returns errNameTaken: two
+// processes under one name would share a pending list and take each
+// other's partitions, so the one that was away stands down for good.
+func (c *Consumer) renewName(ctx context.Context) error {
 	if time.Since(c.leaseRenewed) < c.nameLeaseTTL()/3 {
-		return
+		return nil
 	}
 	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
-	prev, err := c.rdb.SetArgs(ctx, key, c.token, redis.SetArgs{TTL: c.nameLeaseTTL(), Get: true}).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return // Redis trouble shows in the read that follows
+	ok, err := renewScript.Run(ctx, c.rdb, []string{key}, c.token, c.nameLeaseTTL().Milliseconds()).Int()
+	if err != nil {
+		return nil // Redis trouble shows in the read that follows
+	}
+	if ok == 0 {
+		return errNameTaken
 	}
 	c.leaseRenewed = time.Now()
-	if prev != "" && prev != c.token {
-		c.log.Error("another process runs under this consumer name; give each consumer its own --consumer",
-			slog.String("key", key))
-	}
+	return nil
 }
 
 // releaseName gives the name back on a clean stop, so a successor need not

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -86,9 +87,43 @@ func (o *Order) Failed(m Message, err error) {
 type gate struct {
 	byKey   map[string][]entryID // pending entries with a key, by key
 	unkeyed []entryID            // pending entries without one
+	// invalid are entries left pending as invalid until their last
+	// delivery: they hold nothing back, but this worker knows them.
+	invalid map[entryID]bool
 }
 
-func newGate() *gate { return &gate{byKey: map[string][]entryID{}} }
+func newGate() *gate { return &gate{byKey: map[string][]entryID{}, invalid: map[entryID]bool{}} }
+
+// knows reports whether this worker left the entry pending itself (failed,
+// held or invalid), as opposed to one another process read.
+func (g *gate) knows(id string) bool {
+	if g == nil {
+		return false
+	}
+	e := parseEntryID(id)
+	if g.invalid[e] {
+		return true
+	}
+	if _, found := slices.BinarySearchFunc(g.unkeyed, e, entryID.compare); found {
+		return true
+	}
+	for _, l := range g.byKey {
+		if _, found := slices.BinarySearchFunc(l, e, entryID.compare); found {
+			return true
+		}
+	}
+	return false
+}
+
+// invalidPending records an entry left pending as invalid (ErrInvalid, or
+// one that does not decode) until its last delivery.
+func (g *gate) invalidPending(id, key string) {
+	if g == nil {
+		return
+	}
+	g.done(id, key)
+	g.invalid[parseEntryID(id)] = true
+}
 
 // admit reports which of ds, read in stream order, may reach the handler:
 // those with no pending entry of their key (or, without a key, of any key;
@@ -185,6 +220,7 @@ func (g *gate) keep(seen map[entryID]bool) {
 		return
 	}
 	g.unkeyed = slices.DeleteFunc(g.unkeyed, func(e entryID) bool { return !seen[e] })
+	maps.DeleteFunc(g.invalid, func(e entryID, _ bool) bool { return !seen[e] })
 	for k, l := range g.byKey {
 		if l = slices.DeleteFunc(l, func(e entryID) bool { return !seen[e] }); len(l) == 0 {
 			delete(g.byKey, k)
@@ -194,6 +230,7 @@ func (g *gate) keep(seen map[entryID]bool) {
 	}
 }
 
+// empty reports whether no entry of the gate holds another back.
 func (g *gate) empty() bool { return g == nil || (len(g.byKey) == 0 && len(g.unkeyed) == 0) }
 
 // entryID is a Redis stream entry id, <ms>-<seq>, as numbers.

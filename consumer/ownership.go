@@ -72,8 +72,10 @@ type worker struct {
 }
 
 // own runs the ownership loop until ctx is cancelled, then stops every
-// worker, gives their leases back and leaves the members.
-func (c *Consumer) own(ctx context.Context) {
+// worker, gives their leases back and leaves the members. It returns
+// errNameTaken, having stopped its workers, when another process took this
+// consumer's name (renewName).
+func (c *Consumer) own(ctx context.Context) error {
 	workers := map[int]*worker{}
 	stop := func(p int, release bool) {
 		w := workers[p]
@@ -90,9 +92,13 @@ func (c *Consumer) own(ctx context.Context) {
 			}
 		}
 	}
+	nameTaken := false
 	defer func() {
 		for p := range workers {
 			stop(p, true)
+		}
+		if nameTaken {
+			return // the membership under this name is the other process's now
 		}
 		// Leave the group now rather than when the membership runs out (a
 		// partition lease): the others take the partitions given back at
@@ -108,7 +114,13 @@ func (c *Consumer) own(ctx context.Context) {
 	defer tick.Stop()
 	var want []int
 	for {
-		c.renewName(ctx)
+		if err := c.renewName(ctx); err != nil {
+			c.log.Error("another process runs under this consumer name, started while this one was away; "+
+				"standing down for good (give each consumer its own --consumer)",
+				slog.String("key", c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)))
+			nameTaken = true
+			return err
+		}
 		if members, err := c.members(ctx); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("reading the group's members failed", slog.Any("error", err))
@@ -153,7 +165,7 @@ func (c *Consumer) own(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-tick.C:
 		}
 	}

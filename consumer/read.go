@@ -81,39 +81,46 @@ func (c *Consumer) read(ctx context.Context, streams []string, feedOf func(strea
 // blocked waiting for them): its effects are fenced, and the entries would
 // stay in its pending list while the new owner applies the later ones.
 // (Found by the chaos suite on a cluster: a sender's TED judged after the
-// next one.) Only with partition ownership (f.fence set); entries pending
-// with this consumer itself are retried as before.
+// next one.) The same goes for entries pending under this consumer's own
+// name that this worker did not read: a twin process under the name (one
+// that stalled past its name's lease and came back) read them. Only with
+// partition ownership (f.fence set); the entries this worker left pending
+// itself (failed, held, invalid: its gate knows them) are retried as before.
 func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) error {
 	if f.fence == "" {
 		return nil
 	}
+	start := "-"
 	for ctx.Err() == nil {
 		pending, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: f.stream, Group: c.cfg.Group, Start: "-", End: "(" + before, Count: int64(c.cfg.BatchSize),
+			Stream: f.stream, Group: c.cfg.Group, Start: start, End: "(" + before, Count: int64(c.cfg.BatchSize),
 		}).Result()
 		if err != nil {
 			return fmt.Errorf("pending entries before %s: %w", before, err)
 		}
 		var ids []string
 		for _, p := range pending {
-			if p.Consumer != c.cfg.Consumer {
+			if p.Consumer != c.cfg.Consumer || !f.gate.knows(p.ID) {
 				ids = append(ids, p.ID)
 			}
 		}
-		if len(ids) == 0 {
+		if len(ids) > 0 {
+			msgs, err := c.rdb.XClaim(ctx, &redis.XClaimArgs{
+				Stream: f.stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer, Messages: ids,
+			}).Result()
+			if err != nil {
+				return fmt.Errorf("xclaim earlier entries: %w", err)
+			}
+			c.log.Info("claimed earlier entries pending with another consumer (or a twin under this name)",
+				slog.Int("partition", f.n), slog.Int("entries", len(msgs)), slog.String("before", before))
+			if err := c.handle(ctx, f, msgs, true); err != nil {
+				return err
+			}
+		}
+		if len(pending) < c.cfg.BatchSize {
 			return nil
 		}
-		msgs, err := c.rdb.XClaim(ctx, &redis.XClaimArgs{
-			Stream: f.stream, Group: c.cfg.Group, Consumer: c.cfg.Consumer, Messages: ids,
-		}).Result()
-		if err != nil {
-			return fmt.Errorf("xclaim earlier entries: %w", err)
-		}
-		c.log.Info("claimed earlier entries pending with another consumer", slog.Int("partition", f.n),
-			slog.Int("entries", len(msgs)), slog.String("before", before))
-		if err := c.handle(ctx, f, msgs, true); err != nil {
-			return err
-		}
+		start = "(" + pending[len(pending)-1].ID
 	}
 	return ctx.Err()
 }

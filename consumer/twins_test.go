@@ -1,0 +1,178 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
+)
+
+// Issue 23, case 4: a consumer stalls past its name lease (cut from Redis),
+// a supervisor starts a second process under the same name, and the first
+// comes back. The first must stand down for good, and say so (Run returns
+// ErrNameInUse); the partition changes hands once; every event takes
+// effect once, in stream order, across the fight.
+func TestTwinUnderOneNameStandsDown(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	cfg := testConfig(rdb, "same")
+	cfg.Block = 100 * time.Millisecond
+	cfg.PartitionLease = time.Second
+	h := newRecorder(rdb.Client)
+
+	proxy, err := tcpproxy.Start(rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	opt := *rdb.Options()
+	opt.Addr = proxy.Addr()
+	opt.MaxRetries = -1
+	viaProxy := redis.NewClient(&opt)
+	t.Cleanup(func() { viaProxy.Close() })
+
+	run := func(c *Consumer) (stop func(), done chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done = make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		return cancel, done
+	}
+	first, err := New(viaProxy, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopFirst, firstDone := run(first)
+	t.Cleanup(stopFirst)
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(rdb, first, 0) }, "the first consumer never took the stream")
+
+	// Who holds the partition, as it changes.
+	var mu sync.Mutex
+	var holders []string
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for watchCtx.Err() == nil {
+			v, _ := rdb.Get(watchCtx, first.parts[0].keys.Lease("test")).Result()
+			mu.Lock()
+			if v != "" && (len(holders) == 0 || holders[len(holders)-1] != v) {
+				holders = append(holders, v)
+			}
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	t.Cleanup(func() { stopWatch(); watch.Wait() })
+
+	// Events throughout: before the stall, during it, after it.
+	const n = 150
+	var pub sync.WaitGroup
+	pub.Go(func() {
+		for i := range n {
+			publish(t, rdb, cfg.Stream, fmt.Sprintf("%04d", i))
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+
+	time.Sleep(300 * time.Millisecond)
+	proxy.Down() // the first stalls: Redis unreachable for it
+	second, err := New(rdb.Client, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopSecond, secondDone := run(second)
+	t.Cleanup(stopSecond)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return owns(rdb, second, 0) }, "the second consumer never took the stream")
+	time.Sleep(2500*time.Millisecond - time.Since(time.Now()))
+	proxy.Up() // the first comes back
+
+	select {
+	case err := <-firstDone:
+		if !errors.Is(err, ErrNameInUse) {
+			t.Fatalf("the first consumer stopped with %v, want ErrNameInUse", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first consumer, back from its stall, still runs next to the process that took its name")
+	}
+	pub.Wait()
+	outboxtest.Eventually(t, 20*time.Second, func() bool { return len(h.effects()) >= n }, "applied %d of %d", len(h.effects()), n)
+	time.Sleep(300 * time.Millisecond)
+	got := h.effects()
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("%04d", i)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("effects %v\nwant each event once, in stream order", got)
+	}
+	mu.Lock()
+	changes := len(holders) - 1
+	mu.Unlock()
+	if changes != 1 || !owns(rdb, second, 0) {
+		t.Fatalf("the partition changed hands %d times (%v), want once, to the second consumer", changes, holders)
+	}
+	select {
+	case err := <-secondDone:
+		t.Fatalf("the second consumer stopped: %v", err)
+	default:
+	}
+}
+
+// slowOn is a recorder that takes its time over one aggregate's event.
+type slowOn struct {
+	*recorder
+	agg   string
+	delay time.Duration
+}
+
+func (s slowOn) Handle(ctx context.Context, b Batch) []Result {
+	for _, m := range b.Messages {
+		if m.AggregateID == s.agg {
+			time.Sleep(s.delay)
+		}
+	}
+	return s.recorder.Handle(ctx, b)
+}
+
+// An entry a twin under this consumer's name read (and never acknowledged:
+// its effects are fenced) is applied by the partition's owner before the
+// entries after it, not left in the name's pending list until it idles out.
+func TestEntryATwinReadIsAppliedInOrder(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	cfg := testConfig(rdb, "same")
+	cfg.Block = 100 * time.Millisecond
+	h := newRecorder(rdb.Client)
+	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(rdb, c, 0) }, "the consumer never took the stream")
+
+	publish(t, rdb, cfg.Stream, "e1")
+	time.Sleep(150 * time.Millisecond) // the owner is applying e1, slowly: not reading
+	publish(t, rdb, cfg.Stream, "e2")
+	// The twin reads e2 under the same name, and goes away.
+	res, err := rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+		Group: "test", Consumer: "same", Streams: []string{cfg.Stream, ">"}, Count: 1, Block: -1,
+	}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 || res[0].Messages[0].Values["aggregate_id"] != "e2" {
+		t.Fatalf("the twin's read: %v (%v), want e2", res, err)
+	}
+	publish(t, rdb, cfg.Stream, "e3")
+	for deadline := time.Now().Add(10 * time.Second); len(h.effects()) < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2", "e3"}) {
+		t.Fatalf("applied %v, want e1, e2, e3", got)
+	}
+}
