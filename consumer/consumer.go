@@ -58,6 +58,9 @@ type Consumer struct {
 	gates   []*gate // each partition's per-key order, for the single steps (Run's workers have their own)
 	log     *slog.Logger
 	stats   counters
+	// streamAgeChecked: the JetStream stream's max age was found covered
+	// by the handler's dedupe records (checkStreamAge).
+	streamAgeChecked atomic.Bool
 	// token identifies this process in the consumer name's lease.
 	token        string
 	leaseRenewed time.Time
@@ -182,6 +185,9 @@ func (c *Consumer) ensureGroup(ctx context.Context, pt part) error {
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.EnsureGroup(ctx); err != nil {
 		return err
+	}
+	if err := c.checkStreamAge(ctx); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err // (a stream the relay has not created yet is checked when a partition is taken over)
 	}
 	if err := c.ensureNameFree(ctx); err != nil {
 		return err

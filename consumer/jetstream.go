@@ -57,14 +57,74 @@ func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, h Handler, cfg Conf
 // Streams.
 var errSingleStepsRedisOnly = errors.New("consumer: ReadNew, ProcessPending and ClaimIdle read Redis Streams; a JetStream consumer consumes with Run")
 
-// durable is the name of partition pt's durable consumer in the group.
-func (c *Consumer) durable(pt part) string { return DurableName(c.cfg.Group, pt.n) }
-
-// DurableName is the name of the JetStream durable consumer through which
-// group reads partition p: the group's name (its dots, which a consumer
-// name cannot have, as underscores) and "_p<p>".
+// DurableName is the base name of the JetStream durable consumers through
+// which group reads partition p: the group's name (its dots, which a
+// consumer name cannot have, as underscores) and "_p<p>". Each owner of the
+// partition reads through a durable of its own, the base name and
+// "_e<lease epoch>" (DurableNameOf): a partition's new owner creates its
+// durable from the previous one's ack floor and deletes the older ones, so
+// an owner that lost its lease and has not noticed yet fetches nothing of
+// the new owner's (with one durable name for all, it fetched from the
+// re-created durable, and what it fetched waited out its ack wait while the
+// new owner applied the messages after it). Durable finds the current one.
 func DurableName(group string, p int) string {
 	return strings.NewReplacer(".", "_", "*", "_", ">", "_").Replace(group) + "_p" + strconv.Itoa(p)
+}
+
+// DurableNameOf is the name of the durable through which the owner of
+// partition p of group with lease epoch epoch reads it.
+func DurableNameOf(group string, p int, epoch int64) string {
+	return DurableName(group, p) + "_e" + strconv.FormatInt(epoch, 10)
+}
+
+// durables lists partition p's durables of group on stream, by name, with
+// the epoch of the owner each belongs to (0: the base name, from before
+// owners had durables of their own).
+func durables(ctx context.Context, js jetstream.JetStream, stream, group string, p int) (map[string]int64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("read JetStream stream %s: %w", stream, err)
+	}
+	base := DurableName(group, p)
+	found := map[string]int64{}
+	names := s.ConsumerNames(ctx)
+	for name := range names.Name() {
+		if name == base {
+			found[name] = 0
+			continue
+		}
+		rest, ok := strings.CutPrefix(name, base+"_e")
+		if !ok {
+			continue
+		}
+		if e, err := strconv.ParseInt(rest, 10, 64); err == nil && e > 0 {
+			found[name] = e
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("list the durable consumers of %s: %w", stream, err)
+	}
+	return found, nil
+}
+
+// Durable returns the durable consumer through which group reads
+// partition p on stream now: its current owner's (the greatest epoch). The
+// error wraps jetstream.ErrConsumerNotFound when the partition has none yet.
+func Durable(ctx context.Context, js jetstream.JetStream, stream, group string, p int) (jetstream.Consumer, error) {
+	ds, err := durables(ctx, js, stream, group, p)
+	if err != nil {
+		return nil, err
+	}
+	newest, epoch := "", int64(-1)
+	for name, e := range ds {
+		if e > epoch {
+			newest, epoch = name, e
+		}
+	}
+	if newest == "" {
+		return nil, fmt.Errorf("partition %d of group %s on %s: %w", p, group, stream, jetstream.ErrConsumerNotFound)
+	}
+	return js.Consumer(ctx, stream, newest)
 }
 
 // workJetStream applies partition pt from JetStream while this consumer
@@ -88,7 +148,7 @@ func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
 		}
 		if cons == nil {
 			reconnects = c.js.Conn().Stats().Reconnects
-			cons, err = c.takeOverJetStream(ctx, pt)
+			cons, err = c.takeOverJetStream(ctx, f)
 		} else {
 			err = c.readJetStream(ctx, f, cons)
 		}
@@ -117,31 +177,62 @@ func (c *Consumer) workJetStream(ctx context.Context, pt part, fence string) {
 	}
 }
 
-// takeOverJetStream (re)creates pt's durable consumer from its ack floor,
-// so that what an earlier owner received and did not acknowledge comes
-// first, in stream order.
-func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Consumer, error) {
+// takeOverJetStream creates the durable consumer of f's owner (its lease
+// epoch's) from the ack floor of the newest durable before it, and deletes
+// the older ones, so that what an earlier owner received and did not
+// acknowledge comes first, in stream order, and an earlier owner still
+// fetching reads nothing more. It first checks that the lease still holds
+// f.fence; a durable of a greater epoch (a newer owner's) fences it too.
+func (c *Consumer) takeOverJetStream(ctx context.Context, f feed) (jetstream.Consumer, error) {
+	pt := f.part
+	if v, err := c.rdb.Get(ctx, pt.keys.Lease(c.cfg.Group)).Result(); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("check the partition lease before taking its durable over: %w", err)
+	} else if v != f.fence {
+		return nil, fmt.Errorf("%w: partition %d's lease holds %q, not %q", ErrFenced, pt.n, v, f.fence)
+	}
+	epoch, err := leaseEpoch(f.fence)
+	if err != nil {
+		return nil, err
+	}
 	stream, err := c.js.StreamNameBySubject(ctx, pt.stream)
 	if err != nil {
 		return nil, fmt.Errorf("find the JetStream stream of subject %s (the relay creates it when it starts): %w", pt.stream, err)
 	}
-	name := c.durable(pt)
+	if err := c.checkStreamAge(ctx); err != nil {
+		return nil, err
+	}
+	ds, err := durables(ctx, c.js, stream, c.cfg.Group, pt.n)
+	if err != nil {
+		return nil, err
+	}
+	name := DurableNameOf(c.cfg.Group, pt.n, epoch)
 	cc := jetstream.ConsumerConfig{
-		Durable: name, Description: "outbox consumer group " + c.cfg.Group + ", partition " + strconv.Itoa(pt.n),
+		Durable: name, Description: "outbox consumer group " + c.cfg.Group + ", partition " + strconv.Itoa(pt.n) + ", owner " + f.fence,
 		FilterSubject: pt.stream, AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.cfg.ClaimMinIdle,
 		MaxAckPending: 4 * c.cfg.BatchSize, DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
-	old, err := c.js.Consumer(ctx, stream, name)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-	case err != nil:
-		return nil, fmt.Errorf("read the durable consumer %s: %w", name, err)
-	default:
-		if floor := old.CachedInfo().AckFloor.Stream; floor > 0 {
-			cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+	newest := int64(-1)
+	for old, e := range ds {
+		if e > epoch {
+			return nil, fmt.Errorf("%w: partition %d has a newer owner's durable %s", ErrFenced, pt.n, old)
 		}
-		if err := c.js.DeleteConsumer(ctx, stream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, fmt.Errorf("reset the durable consumer %s: %w", name, err)
+		info, err := c.js.Consumer(ctx, stream, old)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the durable consumer %s: %w", old, err)
+		}
+		if floor := info.CachedInfo().AckFloor.Stream; e > newest && floor > 0 {
+			cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		} else if e > newest {
+			cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverAllPolicy, 0
+		}
+		newest = max(newest, e)
+	}
+	for old := range ds {
+		if err := c.js.DeleteConsumer(ctx, stream, old); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("delete the earlier durable consumer %s: %w", old, err)
 		}
 	}
 	cons, err := c.js.CreateOrUpdateConsumer(ctx, stream, cc)
@@ -151,6 +242,49 @@ func (c *Consumer) takeOverJetStream(ctx context.Context, pt part) (jetstream.Co
 	c.log.Info("partition's JetStream consumer taken over", slog.Int("partition", pt.n), slog.String("durable", name),
 		slog.Uint64("from_sequence", max(cc.OptStartSeq, 1)))
 	return cons, nil
+}
+
+// checkStreamAge reports why the handler's dedupe records cannot cover a
+// partition read again from the stream's first message (its durables gone:
+// deleted by hand, or never created): they must outlive the stream's
+// messages (its MaxAge, --nats-max-age), or an effect older than its record
+// is applied again. A handler that does not say how long it keeps its
+// records (Deduper) is not checked; nor is a consumer of Redis Streams.
+func (c *Consumer) checkStreamAge(ctx context.Context) error {
+	d, ok := c.handler.(Deduper)
+	if c.js == nil || !ok || c.streamAgeChecked.Load() {
+		return nil
+	}
+	name, err := c.js.StreamNameBySubject(ctx, c.parts[0].stream)
+	if err != nil {
+		return fmt.Errorf("find the JetStream stream of subject %s: %w", c.parts[0].stream, err)
+	}
+	s, err := c.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("read JetStream stream %s: %w", name, err)
+	}
+	switch age, ttl := s.CachedInfo().Config.MaxAge, d.DedupeTTL(); {
+	case age == 0:
+		return fmt.Errorf("%w: JetStream stream %s keeps messages forever, but dedupe records are kept %s: "+
+			"a partition read again from its first message would apply older effects twice; give the stream a max age "+
+			"(relay --nats-max-age) no longer than the records", ErrConfig, name, ttl)
+	case ttl < age:
+		return fmt.Errorf("%w: JetStream stream %s keeps messages %s, longer than the dedupe records (%s): "+
+			"a partition read again from its first message would apply older effects twice; keep the records at least as long",
+			ErrConfig, name, age, ttl)
+	}
+	c.streamAgeChecked.Store(true)
+	return nil
+}
+
+// leaseEpoch is the epoch of a partition lease value ("<epoch>|<holder>").
+func leaseEpoch(fence string) (int64, error) {
+	e, _, _ := strings.Cut(fence, "|")
+	n, err := strconv.ParseInt(e, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("partition lease value %q has no epoch", fence)
+	}
+	return n, nil
 }
 
 // readJetStream applies up to a batch of pt's messages: those waiting now,

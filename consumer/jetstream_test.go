@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -97,7 +99,7 @@ func TestJetStreamConsumerAppliesEachEventOnce(t *testing.T) {
 	}
 	stream, _ := e.js.StreamNameBySubject(context.Background(), e.cfg.Stream)
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		cons, err := e.js.Consumer(context.Background(), stream, c.durable(c.parts[0]))
+		cons, err := Durable(context.Background(), e.js, stream, "test", 0)
 		return err == nil && cons.CachedInfo().NumAckPending == 0 && cons.CachedInfo().AckFloor.Stream == 11
 	}, "not every message acknowledged")
 }
@@ -118,7 +120,8 @@ func TestJetStreamNewOwnerAppliesTheUnacknowledgedFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := old.takeOverJetStream(ctx, old.parts[0])
+	oldFeed := old.takeOver(t, 0)
+	cons, err := old.takeOverJetStream(ctx, oldFeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +138,7 @@ func TestJetStreamNewOwnerAppliesTheUnacknowledgedFirst(t *testing.T) {
 	}
 	e.publish(uuid.New(), "late-0")
 	e.publish(uuid.New(), "late-1")
+	old.expire(t, oldFeed) // it died: its lease runs out
 	second := e.run(h, "new")
 	outboxtest.Eventually(t, 15*time.Second, func() bool { return second.Stats().Processed == 5 },
 		"the new owner applied %v, want 5", h.effects())
@@ -260,5 +264,189 @@ func TestJetStreamTransientFailureKeepsOrder(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 2 }, "stats %+v", c.Stats())
 	if got := fmt.Sprint(inner.effects()); got != "[first second]" {
 		t.Fatalf("effects %s: the message after the failed one was applied first", got)
+	}
+}
+
+// Issue 23, case 3: a partition owner cut from Redis (its lease store)
+// while NATS stays reachable loses its lease to another consumer. It must
+// not go on fetching from the partition's durable: what it fetched would
+// wait out its ack wait while the new owner applies the messages after
+// them. Every event takes effect once, in stream order.
+func TestJetStreamStaleOwnerReadsNothingOfTheNewOwners(t *testing.T) {
+	e := newJSEnv(t)
+	e.cfg.PartitionLease = time.Second
+	// Its fence check reaches Redis, as the inbox's reaches PostgreSQL;
+	// 25 ms an effect, as a real store's.
+	h := slowOn{recorder: newRecorder(e.rdb.Client), delay: 25 * time.Millisecond}
+	proxy, err := tcpproxy.Start(e.rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	opt := *e.rdb.Options()
+	opt.Addr = proxy.Addr()
+	opt.MaxRetries = -1
+	viaProxy := redis.NewClient(&opt)
+	t.Cleanup(func() { viaProxy.Close() })
+
+	cfg := e.cfg
+	cfg.Consumer = "a"
+	a, err := NewJetStream(viaProxy, e.js, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(e.rdb, a, 0) }, "a never took the partition")
+	b := e.run(h, "b") // stands by: one partition, two members
+
+	const n = 300
+	var pub sync.WaitGroup
+	pub.Go(func() {
+		for i := range n {
+			e.publish(uuid.New(), fmt.Sprintf("%04d", i))
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	time.Sleep(500 * time.Millisecond)
+	proxy.Down() // a is cut from Redis; NATS and the effects' store stay reachable
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return owns(e.rdb, b, 0) }, "b never took the partition over")
+	pub.Wait()
+	for deadline := time.Now().Add(15 * time.Second); len(h.effects()) < n && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := h.effects()
+	want := make([]string, n)
+	for i := range want {
+		want[i] = fmt.Sprintf("%04d", i)
+	}
+	if !slices.Equal(got, want) {
+		late := 0
+		for i := 1; i < len(got); i++ {
+			if got[i] < got[i-1] {
+				late++
+			}
+		}
+		t.Fatalf("%d effects, %d of them after a later one: want each of the %d once, in stream order\n%v", len(got), late, n, got)
+	}
+}
+
+// takeOver takes partition p's lease for c, as its ownership loop does, and
+// returns the partition as c's worker would apply it.
+func (c *Consumer) takeOver(t *testing.T, p int) feed {
+	t.Helper()
+	fence, err := c.lease(context.Background(), c.parts[p])
+	if err != nil || fence == "" {
+		t.Fatalf("take partition %d's lease: %q, %v", p, fence, err)
+	}
+	return feed{part: c.parts[p], fence: fence}
+}
+
+// expire ends f's lease, as if it ran out.
+func (c *Consumer) expire(t *testing.T, f feed) {
+	t.Helper()
+	if err := releaseScript.Run(context.Background(), c.rdb, []string{f.keys.Lease(c.cfg.Group)}, f.fence).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An owner that lost its partition and has not noticed yet fetches nothing
+// of the new owner's: each owner reads through a durable of its own epoch,
+// and the new owner's takeover deletes the old one.
+func TestJetStreamOldOwnersDurableFetchesNothingNew(t *testing.T) {
+	e := newJSEnv(t)
+	ctx := context.Background()
+	h := newRecorder(e.rdb.Client)
+	cfgA, cfgB := e.cfg, e.cfg
+	cfgA.Consumer, cfgB.Consumer = "a", "b"
+	a, err := NewJetStream(e.rdb.Client, e.js, h, cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewJetStream(e.rdb.Client, e.js, h, cfgB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fa := a.takeOver(t, 0)
+	consA, err := a.takeOverJetStream(ctx, fa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.expire(t, fa) // a stalls past its lease
+	fb := b.takeOver(t, 0)
+	consB, err := b.takeOverJetStream(ctx, fb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(uuid.New(), "after-takeover")
+	stolen := 0
+	if batch, err := consA.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond)); err == nil {
+		for range batch.Messages() {
+			stolen++
+		}
+	}
+	if stolen != 0 {
+		t.Fatalf("the old owner's handle fetched %d message(s) of the new owner's", stolen)
+	}
+	batch, err := consB.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("the new owner fetched %d, want the message", got)
+	}
+	// The old owner, retaking the partition, is fenced: its lease is gone.
+	if _, err := a.takeOverJetStream(ctx, fa); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the old owner's takeover after losing its lease: %v, want ErrFenced", err)
+	}
+	stream, _ := e.js.StreamNameBySubject(ctx, e.cfg.Stream)
+	if cur, err := Durable(ctx, e.js, stream, "test", 0); err != nil || cur.CachedInfo().Name != DurableNameOf("test", 0, mustEpoch(t, fb.fence)) {
+		t.Fatalf("the partition's durable: %v (%v), want the new owner's", cur, err)
+	}
+}
+
+func mustEpoch(t *testing.T, fence string) int64 {
+	t.Helper()
+	e, err := leaseEpoch(fence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// ttlRecorder is a recorder that says how long it keeps its records.
+type ttlRecorder struct {
+	*recorder
+	ttl time.Duration
+}
+
+func (r ttlRecorder) DedupeTTL() time.Duration { return r.ttl }
+
+// A partition read again from the stream's first message (its durables
+// gone) would deliver every message the stream keeps: dedupe records kept
+// less long than that are refused when the consumer starts.
+func TestJetStreamDedupeRecordsMustOutliveTheStream(t *testing.T) {
+	e := newJSEnv(t) // the stream keeps messages natsjs.DefaultMaxAge, 7 days
+	short, err := NewJetStream(e.rdb.Client, e.js, ttlRecorder{newRecorder(e.rdb.Client), 2 * time.Hour}, e.cfg)
+	if err != nil {
+		t.Fatalf("2h of records against the relays' redelivery window: %v", err)
+	}
+	if err := short.Run(context.Background()); !errors.Is(err, ErrConfig) {
+		t.Fatalf("records kept 2h on a stream that keeps messages 7 days: %v, want ErrConfig", err)
+	}
+	long, err := NewJetStream(e.rdb.Client, e.js, ttlRecorder{newRecorder(e.rdb.Client), natsjs.DefaultMaxAge}, e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := long.Run(ctx); err != nil {
+		t.Fatalf("records kept as long as the stream's messages: %v", err)
 	}
 }

@@ -175,7 +175,7 @@ func (c *GroupCollector) collectJetStream(ctx context.Context, ch chan<- prometh
 			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 			return
 		}
-		cons, err := c.js.Consumer(ctx, stream, DurableName(c.group, p))
+		cons, err := Durable(ctx, c.js, stream, c.group, p)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			continue
 		}

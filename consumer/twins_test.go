@@ -124,7 +124,8 @@ func TestTwinUnderOneNameStandsDown(t *testing.T) {
 	}
 }
 
-// slowOn is a recorder that takes its time over one aggregate's event.
+// slowOn is a recorder that takes its time over one aggregate's event
+// (every event when agg is empty).
 type slowOn struct {
 	*recorder
 	agg   string
@@ -133,7 +134,7 @@ type slowOn struct {
 
 func (s slowOn) Handle(ctx context.Context, b Batch) []Result {
 	for _, m := range b.Messages {
-		if m.AggregateID == s.agg {
+		if m.AggregateID == s.agg || s.agg == "" {
 			time.Sleep(s.delay)
 		}
 	}

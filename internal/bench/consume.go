@@ -166,7 +166,7 @@ func (s *space) consumers(ctx context.Context, e Env, effect, stream string, n, 
 func (s *space) nonePending(ctx context.Context, stream string, parts int, group string) bool {
 	for p, sub := range partition.Streams(stream, parts) {
 		if s.js != nil {
-			cons, err := s.js.Consumer(ctx, s.natsStream, consumer.DurableName(group, p))
+			cons, err := consumer.Durable(ctx, s.js, s.natsStream, group, p)
 			if err != nil || cons.CachedInfo().NumAckPending != 0 || cons.CachedInfo().NumPending != 0 {
 				return false
 			}

@@ -51,7 +51,7 @@ func (r *run) natsGroup(ctx context.Context) (pending int64, delivered bool, err
 		if err != nil {
 			return 0, false, err
 		}
-		cons, err := r.js.Consumer(ctx, name, consumer.DurableName(group, p))
+		cons, err := consumer.Durable(ctx, r.js, name, group, p)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			delivered = false // not taken over yet
 			continue

@@ -336,7 +336,7 @@ func readJetStreamStatus(ctx context.Context, js jetstream.JetStream, st *Status
 			return fmt.Errorf("read JetStream stream %s: %w", name, err)
 		}
 		ps.StreamLength = int64(info.State.Subjects[ps.Stream])
-		cons, err := js.Consumer(ctx, name, consumer.DurableName(st.Group, p))
+		cons, err := consumer.Durable(ctx, js, name, st.Group, p)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			st.GroupExists = false
