@@ -62,6 +62,9 @@ type message struct {
 // With partition leases it first renews them when due (it must not be
 // called while Run runs).
 func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+	if err := r.reclaimLeftovers(ctx); err != nil {
+		return BatchResult{}, err
+	}
 	r.renewLeasesIfDue(ctx) // with partition leases: take or renew this relay's share
 	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
 	return res, err

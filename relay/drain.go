@@ -21,6 +21,9 @@ import (
 // left for the fallback poll (wakeup.go). A poll re-asserts "sleep" first, in
 // case a relay that crashed while draining left writers silent.
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
+	if err := r.reclaimLeftovers(ctx); err != nil {
+		return 0, err
+	}
 	if r.resync.Swap(false) {
 		r.setState(unsure)
 	}

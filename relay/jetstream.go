@@ -133,6 +133,9 @@ func (b *jetStreamBroker) publish(ctx context.Context, msgs []message, subjects 
 		}
 		select {
 		case ack := <-f.Ok():
+			// A duplicate (ack.Duplicate: the server had the Nats-Msg-Id
+			// within its window) is published too: the sequence is the
+			// first copy's (TestJetStreamPublishesEachEventOnce).
 			ids[i] = strconv.FormatUint(ack.Sequence, 10)
 		case err := <-f.Err():
 			errs[i] = err

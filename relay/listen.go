@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tedbank/outbox/internal/retry"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 const (
@@ -44,6 +45,11 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		r.stats.listenUp.Store(false)
 		r.cfg.Metrics.listen(false)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrMixedOwnership) {
+			r.log.Error("relay stopping", slog.Any("error", err))
+			r.stop(err)
 			return
 		}
 		if time.Since(start) > listenHealthyAfter {
@@ -88,6 +94,14 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	cancel()
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", r.cfg.Channel, err)
+	}
+	octx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	err = r.checkOwnership(octx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+		return conn.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
+	}, true)
+	cancel()
+	if err != nil {
+		return err
 	}
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)

@@ -10,13 +10,16 @@ import (
 )
 
 // Reap returns expired claims to pending and reports how many it returned.
-func (r *Relay) Reap(ctx context.Context) (int, error) {
+func (r *Relay) Reap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease) }
+
+// reap returns the claims older than lease to pending.
+func (r *Relay) reap(ctx context.Context, lease time.Duration) (int, error) {
 	total := 0
 	for {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, outboxsql.RelayReap(r.cfg.Lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
+		tag, err := r.exec(sctx, outboxsql.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)

@@ -98,6 +98,12 @@ type Relay struct {
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int
 	brokerDownUntil time.Time
+	// leftoversReclaimed: a partition owner checked that no row claimer
+	// runs and returned a dead one's claims to pending (exclusive.go).
+	leftoversReclaimed atomic.Bool
+	// stop ends Run with a cause (ErrMixedOwnership, found by the LISTEN
+	// connection); set by Run.
+	stop context.CancelCauseFunc
 }
 
 // Stats counts what a relay did since it started.
@@ -199,8 +205,12 @@ func (r *Relay) Stats() Stats {
 // releases) the batch in flight and returns nil. It returns an error only if
 // it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	if err := r.refuseMixedOwnership(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r.stop = cancel
 	r.log.Info("relay starting", slog.String("ownership", r.cfg.Ownership),
 		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
@@ -219,9 +229,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		wg.Go(func() { r.trimLoop(ctx, t) })
 	}
 	r.drainLoop(ctx)
-	cancel()
+	cancel(nil)
 	wg.Wait()
 	r.log.Info("relay stopped", slog.Int64("published", r.stats.published.Load()))
+	if err := context.Cause(ctx); errors.Is(err, ErrMixedOwnership) {
+		return err
+	}
 	return nil
 }
 

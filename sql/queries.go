@@ -25,7 +25,7 @@ var (
 	adminDeadList            = prepare("admin_dead_list", "max_rows")
 	adminDeadRetry           = prepare("admin_dead_retry", "ids")
 	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
-	inboxCleanup             = prepare("inbox_cleanup", "consumer_group", "before", "batch")
+	inboxCleanup             = prepare("inbox_cleanup", "consumer_group", "retention_us", "batch")
 	inboxFence               = prepare("inbox_fence", "consumer_group", "partition", "epoch")
 	inboxInsert              = prepare("inbox_insert", "consumer_group", "event_ids")
 	ledgerBalances           = prepare("ledger_balances")
@@ -48,6 +48,8 @@ var (
 	relayMarkPublished       = prepare("relay_mark_published", "ids", "stream_ids", "token")
 	relayMarkPublishedLeased = prepare("relay_mark_published_leased", "ids", "stream_ids", "slots", "tokens")
 	relayNotify              = prepare("relay_notify", "channel", "payload")
+	relayOwnershipHold       = prepare("relay_ownership_hold", "mode")
+	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
@@ -85,8 +87,8 @@ func AdminDeadRetryAll(afterSeq int64, batch int64) Statement {
 }
 
 // InboxCleanup is queries/inbox_cleanup.sql.
-func InboxCleanup(consumerGroup string, before time.Time, batch int64) Statement {
-	return inboxCleanup.with(consumerGroup, before, batch)
+func InboxCleanup(consumerGroup string, retention time.Duration, batch int64) Statement {
+	return inboxCleanup.with(consumerGroup, retention.Microseconds(), batch)
 }
 
 // InboxFence is queries/inbox_fence.sql.
@@ -137,6 +139,16 @@ func ReconcileEvents(since time.Time) Statement {
 // ReconcileSenderTransfers is queries/reconcile_sender_transfers.sql.
 func ReconcileSenderTransfers(senders []string) Statement {
 	return reconcileSenderTransfers.with(senders)
+}
+
+// RelayOwnershipHold is queries/relay_ownership_hold.sql.
+func RelayOwnershipHold(mode int) Statement {
+	return relayOwnershipHold.with(mode)
+}
+
+// RelayOwnershipOther is queries/relay_ownership_other.sql.
+func RelayOwnershipOther(mode int) Statement {
+	return relayOwnershipOther.with(mode)
 }
 
 // RelayBusy is queries/relay_busy.sql.

@@ -282,13 +282,13 @@ func (in *Inbox) Maintain(ctx context.Context) {
 }
 
 // Cleanup deletes the event ids of group recorded longer than the retention
-// ago, CleanupBatch at a time, each batch its own short transaction, and
-// returns how many it deleted.
+// ago by the database's clock (the one that stamped them), CleanupBatch at a
+// time, each batch its own short transaction, and returns how many it
+// deleted.
 func (in *Inbox) Cleanup(ctx context.Context, group string) (int64, error) {
-	before := time.Now().Add(-in.cfg.Retention)
 	var total int64
 	for {
-		st := outboxsql.InboxCleanup(group, before, int64(in.cfg.CleanupBatch))
+		st := outboxsql.InboxCleanup(group, in.cfg.Retention, int64(in.cfg.CleanupBatch))
 		tag, err := in.db.Exec(ctx, st.SQL, st.Args...)
 		if err != nil {
 			return total, fmt.Errorf("inbox cleanup: %w", err)

@@ -130,7 +130,10 @@ func Down(err error) bool {
 		nats.ErrConnectionReconnecting, nats.ErrConnectionDraining, nats.ErrDisconnected, nats.ErrTimeout,
 		nats.ErrNoResponders, nats.ErrStaleConnection, nats.ErrReconnectBufExceeded,
 		jetstream.ErrNoStreamResponse, jetstream.ErrStreamNotFound, jetstream.ErrJetStreamNotEnabled,
-		jetstream.ErrJetStreamNotEnabledForAccount} {
+		jetstream.ErrJetStreamNotEnabledForAccount,
+		// Too many asynchronous publishes waiting for their acknowledgement:
+		// the server is slow or gone, not the message wrong.
+		jetstream.ErrTooManyStalledMsgs} {
 		if errors.Is(err, target) {
 			return true
 		}

@@ -1,0 +1,110 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	outboxsql "github.com/tedbank/outbox/sql"
+)
+
+// Relays of the two ownerships must never share a database: a claimer's
+// 'publishing' row does not hold back a partition owner's read of the next
+// event of its key (nor an owner's lease a claimer's claim), so side by side
+// they would publish a key's events out of order. Each relay says which
+// ownership it runs with a shared session advisory lock on its LISTEN
+// connection (released by PostgreSQL the moment the connection closes: a
+// dead relay says nothing any more), and checks that no relay holds the
+// other one's: when it starts, and after each (re)connection of its LISTEN
+// connection, which catches two relays of different ownerships started at
+// once.
+//
+// A relay leasing partitions that finds no claimer alive returns every
+// 'publishing' row to pending at once (reclaimLeftovers): those are a dead
+// claimer's, left from before a switch of ownership, and as pending rows
+// with an attempt counted they hold back the later events of their keys
+// (relay_read.sql), where as 'publishing' rows they would not.
+
+// ErrMixedOwnership: a relay of the other ownership (row claims, partition
+// leases) runs on this database. Run returns it.
+var ErrMixedOwnership = errors.New("relays of both ownerships on one database")
+
+// ownershipModes returns this relay's ownership lock and the other one's.
+func (r *Relay) ownershipModes() (own, other int) {
+	if r.ownsPartitions() {
+		return 2, 1
+	}
+	return 1, 2
+}
+
+// checkOwnership reports ErrMixedOwnership when a relay of the other
+// ownership holds its lock; with hold, it first takes this relay's own, for
+// the life of conn's session.
+func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st outboxsql.Statement, dest ...any) error, hold bool) error {
+	own, other := r.ownershipModes()
+	if hold {
+		var v any
+		if err := exec(ctx, outboxsql.RelayOwnershipHold(own), &v); err != nil {
+			return fmt.Errorf("hold the ownership lock: %w", err)
+		}
+	}
+	var free bool
+	if err := exec(ctx, outboxsql.RelayOwnershipOther(other), &free); err != nil {
+		return fmt.Errorf("check for relays of the other ownership: %w", err)
+	}
+	if !free {
+		theirs := OwnPartitions
+		if other == 1 {
+			theirs = OwnRows
+		}
+		return fmt.Errorf("%w: this relay's ownership is %q, and a relay of ownership %q runs on this database "+
+			"(both would publish a key's events out of order): run every relay with one --ownership; to switch, stop them all first",
+			ErrMixedOwnership, r.cfg.Ownership, theirs)
+	}
+	return nil
+}
+
+// refuseMixedOwnership is the check when Run starts, on a pooled
+// connection: a database that does not answer yet is checked again once the
+// LISTEN connection reaches it.
+func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
+	err := r.checkOwnership(ctx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
+	}, false)
+	if err != nil && !errors.Is(err, ErrMixedOwnership) {
+		r.log.Warn("could not check for relays of the other ownership; checking once listening", slog.Any("error", err))
+		return nil
+	}
+	return err
+}
+
+// reclaimLeftovers returns every 'publishing' row to pending (an attempt
+// counted) before a partition owner's first read, once it knows no row
+// claimer runs: each such row is a dead claimer's. A relay of the other
+// ownership found running stops Run.
+func (r *Relay) reclaimLeftovers(ctx context.Context) error {
+	if !r.ownsPartitions() || r.leftoversReclaimed.Load() {
+		return nil
+	}
+	err := r.checkOwnership(ctx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
+	}, false)
+	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {
+		r.log.Error("relay stopping", slog.Any("error", err))
+		r.stop(err)
+	}
+	if err != nil {
+		return err
+	}
+	n, err := r.reap(ctx, 0)
+	if err != nil {
+		return fmt.Errorf("return a dead row claimer's claims to pending: %w", err)
+	}
+	if n > 0 {
+		r.log.Warn("returned the claims of relays that claimed rows (before a switch to partition leases) to pending",
+			slog.Int("rows", n))
+	}
+	r.leftoversReclaimed.Store(true)
+	return nil
+}
