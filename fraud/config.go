@@ -248,6 +248,11 @@ func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acc
 // Audit is the stream of effects in the order applied (Config.AuditLen).
 func (k Keys) Audit() string { return k.Prefix + "audit" }
 
+// Layouts is the hash of the numbers of partitions the group's consumers
+// have run with, and when each was last used (layouts.go): under the plain
+// prefix, whatever the partitions.
+func (k Keys) Layouts() string { return k.Prefix + "layouts" }
+
 // Stats holds the lifetime counters of the report.
 func (k Keys) Stats() string { return k.engine().Stats() }
 

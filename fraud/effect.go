@@ -59,6 +59,7 @@ func (e *effects) effectArgs(k Keys, fence string, ev Event) []any {
 		k.Verdict(""),
 		fence,
 		e.cfg.AuditLen,
+		"0", // ARGV[21]: set to "1" by Handle when an earlier layout has the marker
 	}
 }
 

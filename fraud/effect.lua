@@ -33,6 +33,8 @@
 --          when the consumer applies events without owning the partition
 --          (its single steps, for tests and tools)
 -- ARGV[20] how many entries the audit stream keeps, about (0: no audit)
+-- ARGV[21] '1' when the event's marker was found under an earlier number of
+--          partitions (layouts.go): a duplicate, counted as one
 -- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
 -- 2 for review; revised, how many later transfers it sent to review.
 --
@@ -51,7 +53,7 @@ if ARGV[19] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[19] then
   return redis.error_reply('FENCED partition lease ' .. KEYS[9] .. ' is no longer held by this consumer')
 end
 
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if ARGV[21] == '1' or redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
   return {0, 0}
 end

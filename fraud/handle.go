@@ -15,9 +15,10 @@ import (
 // effects is anti-fraud's consumer.Handler: each event's effect is one call
 // of effect.lua, a batch's calls in one pipeline (consumer.RunScripts).
 type effects struct {
-	cfg Config
-	rdb redis.Cmdable
-	log *slog.Logger
+	cfg     Config
+	rdb     redis.Cmdable
+	log     *slog.Logger
+	layouts layouts // the group's earlier numbers of partitions (layouts.go)
 }
 
 // DedupeTTL is how long the dedupe markers live: consumer.New checks that
@@ -52,6 +53,23 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 		}
 		evs[i] = ev
 		calls[i] = consumer.ScriptCall{Script: effectScript, Keys: e.effectKeys(keys, ev), Args: e.effectArgs(keys, b.Fence, ev)}
+	}
+	// An event applied under an earlier number of partitions has its
+	// marker under that layout's prefix (layouts.go).
+	switch seen, err := e.appliedEarlier(ctx, evs); {
+	case err != nil:
+		for i := range calls {
+			if calls[i].Script != nil {
+				calls[i].Script, res[i].Err = nil, err
+			}
+		}
+	default:
+		for i, dup := range seen {
+			if dup && calls[i].Script != nil {
+				// Still through the script: fenced, and counted.
+				calls[i].Args[len(calls[i].Args)-1] = "1"
+			}
+		}
 	}
 	replies, errs := consumer.RunScripts(ctx, e.rdb, b, calls,
 		consumer.Replicas{Min: e.cfg.MinReplicas, Timeout: e.cfg.ReplicaTimeout})
