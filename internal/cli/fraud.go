@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
@@ -46,6 +47,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.ClaimMinIdle, "claim-min-idle", fraud.DefaultClaimMinIdle, "idle time after which an entry is claimed")
 	fs.IntVar(&cfg.MaxDeliveries, "max-deliveries", fraud.DefaultMaxDeliveries, "deliveries before an unprocessable entry is dead-lettered")
 	fs.DurationVar(&cfg.DedupeTTL, "dedupe-ttl", fraud.DefaultDedupeTTL, "how long processed event ids are remembered")
+	fs.DurationVar(&cfg.RelayRedelivery, "relay-redelivery", consumer.DefaultRelayRedelivery, "how long after its first publication a relay may publish an event again (attempts × (lease + reap + backoff)); --dedupe-ttl must exceed it")
 	fs.Int64Var(&cfg.AmountLimitCents, "amount-limit", fraud.DefaultAmountLimitCents, "review a TED above this amount (cents)")
 	fs.Int64Var(&cfg.WindowLimitCents, "window-limit", fraud.DefaultWindowLimitCents, "review when a sender's total over the window passes this (cents)")
 	fs.DurationVar(&cfg.Window, "window", fraud.DefaultWindow, "velocity window")
