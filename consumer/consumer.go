@@ -241,7 +241,10 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			if err = c.rdb.XGroupCreateConsumer(ctx, pt.stream, c.cfg.Group, c.cfg.Consumer).Err(); err != nil {
 				break
 			}
-			if _, err = c.claim(ctx, f, 0); err == nil {
+			// Effects that failed do not keep the partition in its
+			// takeover: their entries are pending, in the gate, and
+			// retried with the pending ones, while the other keys go on.
+			if _, err = c.claim(ctx, f, 0); err == nil || effectFailedOnly(err) {
 				takenOver = true
 			}
 		case needPending && !time.Now().Before(retryPendingAt):

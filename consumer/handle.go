@@ -43,7 +43,22 @@ func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, re
 	for _, bad := range done.bad {
 		c.invalid(ctx, f, bad)
 	}
-	return done.transient
+	if done.transient != nil {
+		return fmt.Errorf("%w: %w", errEffect, done.transient)
+	}
+	return nil
+}
+
+// errEffect wraps the error of a read whose entries were all handled, some
+// left pending by a transient failure of their effect (as opposed to a
+// broker error that stopped the read): a pass over pending entries goes on
+// past it, as the gate holds back the failed keys' later entries.
+var errEffect = errors.New("effect failed")
+
+// effectFailedOnly reports whether err is only effects that failed (and
+// will be retried), not a lost partition nor a broker's error.
+func effectFailedOnly(err error) bool {
+	return errors.Is(err, errEffect) && !errors.Is(err, ErrFenced)
 }
 
 // delivery is one message as its broker delivered it.

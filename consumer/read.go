@@ -143,6 +143,7 @@ func (c *Consumer) ProcessPending(ctx context.Context) error {
 func (c *Consumer) processPending(ctx context.Context, f feed) error {
 	cursor := "0"
 	seen := map[entryID]bool{}
+	var failed error // the last effect failure of the pass
 	for ctx.Err() == nil {
 		res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group:    c.cfg.Group,
@@ -155,7 +156,7 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 			// A whole pass: what the gate holds and this pass did not
 			// meet is pending with this consumer no more.
 			f.gate.keep(seen)
-			return nil
+			return failed
 		}
 		if err != nil {
 			return fmt.Errorf("read pending: %w", err)
@@ -164,14 +165,16 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 		for _, m := range msgs {
 			seen[parseEntryID(m.ID)] = true
 		}
-		if err := c.handle(ctx, f, msgs, true); err != nil {
+		if err := c.handle(ctx, f, msgs, true); effectFailedOnly(err) {
+			failed = err // the rest of the pass goes on: the gate holds the failed keys
+		} else if err != nil {
 			return err
 		}
 		// Continue after the last entry, so an entry that failed again is
 		// not re-read in a tight loop.
 		cursor = msgs[len(msgs)-1].ID
 	}
-	return nil
+	return failed
 }
 
 // ClaimIdle claims the entries of every partition idle for at least
@@ -193,9 +196,12 @@ func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
 }
 
 // claim claims f's entries idle for at least minIdle, from the oldest, and
-// processes them. It returns how many it claimed.
+// processes them. It returns how many it claimed. Effects that fail do not
+// stop it (the gate holds back their keys' later entries); it returns the
+// last such failure at the end.
 func (c *Consumer) claim(ctx context.Context, f feed, minIdle time.Duration) (int, error) {
 	start, total := "0-0", 0
+	var failed error
 	for ctx.Err() == nil {
 		msgs, next, err := c.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 			Stream:   f.stream,
@@ -212,7 +218,9 @@ func (c *Consumer) claim(ctx context.Context, f feed, minIdle time.Duration) (in
 		if len(msgs) > 0 {
 			c.log.Info("claimed pending entries", slog.Int("partition", f.n), slog.Int("entries", len(msgs)),
 				slog.Duration("min_idle", minIdle))
-			if err := c.handle(ctx, f, msgs, true); err != nil {
+			if err := c.handle(ctx, f, msgs, true); effectFailedOnly(err) {
+				failed = err
+			} else if err != nil {
 				return total, err
 			}
 		}
@@ -221,7 +229,7 @@ func (c *Consumer) claim(ctx context.Context, f feed, minIdle time.Duration) (in
 		}
 		start = next
 	}
-	return total, nil
+	return total, failed
 }
 
 // deliveries returns each entry's delivery count, for logs. New entries are

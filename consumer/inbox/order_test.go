@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
@@ -220,4 +221,40 @@ func TestRunningConsumerKeepsAKeysOrderAcrossRetries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A partition's new owner whose first pending entry (left by a consumer
+// that died) keeps failing does not stay in its takeover: the entry waits
+// for its retry, held in the gate, while the other keys' new entries are
+// applied.
+func TestFailingEntryAtTakeoverDoesNotStopOtherKeys(t *testing.T) {
+	l := newLedger(t)
+	release := l.lock("X")
+	first := uuid.New()
+	l.xaddKey(first, "X", "sender-1")
+	// A consumer read it and died.
+	l.consumer(l.handler(), nil) // creates the group
+	if err := l.rdb.XReadGroup(l.ctx, &redis.XReadGroupArgs{Group: "things", Consumer: "dead", Streams: []string{l.stream, ">"}, Count: 1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	in, err := inbox.New(l.db, l.handler(), inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(l.rdb.Client, in, consumer.Config{Name: "things", Stream: l.stream, KeyPrefix: l.rdb.Prefix + "things:",
+		Consumer: "c1", Block: 100 * time.Millisecond, PartitionLease: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	other := uuid.New()
+	time.Sleep(300 * time.Millisecond) // the takeover meets the failing entry
+	l.xaddKey(other, "Z", "sender-2")
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return slices.Contains(l.applied(), other) },
+		"another sender's entry waited for the failing one the new owner took over")
+	release()
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return slices.Contains(l.applied(), first) }, "the failed entry was never applied")
 }
