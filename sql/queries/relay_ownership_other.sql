@@ -1,7 +1,16 @@
--- Whether no relay of ownership @mode holds its lock (relay_ownership_hold):
--- true when the exclusive lock could be taken; it is released with the
--- statement's own transaction at once. Relays claiming rows and relays
--- leasing partitions must never run side by side: a claimer's 'publishing'
--- row does not hold back an owner's read of the next event of its key, nor
--- an owner's lease a claimer's claim.
-SELECT pg_try_advisory_xact_lock(1869903216, @mode)
+-- Whether no relay of ownership @mode holds its lock (relay_ownership_hold)
+-- on this database. It reads pg_locks rather than trying the lock: two
+-- relays of one ownership checking at the same moment must not mistake each
+-- other's attempt for a relay of the other kind. Relays claiming rows and
+-- relays leasing partitions must never run side by side: a claimer's
+-- 'publishing' row does not hold back an owner's read of the next event of
+-- its key, nor an owner's lease a claimer's claim.
+SELECT NOT EXISTS (
+    SELECT 1
+      FROM pg_locks
+     WHERE locktype = 'advisory'
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND classid = 1869903216
+       AND objid = @mode::int
+       AND objsubid = 2
+       AND granted)
