@@ -144,6 +144,11 @@ var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-
 var (
 	relayArgs = []string{"--lease", "5s", "--log-level", "debug"}
 	fraudArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s", "--audit-len", "1000000"}
+	// ledgerArgs: the inbox path's consumers (ledger.go).
+	ledgerArgs = []string{"--claim-min-idle", "5s", "--claim-interval", "1s"}
+	// settleAccounts is how many accounts outbox settle draws the TEDs
+	// between (its default).
+	settleAccounts = 100
 )
 
 // run is the state of one run.
@@ -167,7 +172,10 @@ type run struct {
 	rdb               redis.UniversalClient
 	procs             []*proc
 	relays, consumers []*proc
-	joined            int // consumers started by consumer-join faults
+	ledgers           []*proc       // the inbox path's consumers (ledger.go)
+	ledgerDB          *pgxpool.Pool // their database
+	flaky             int           // accounts made flaky for the ledger (ledger.go)
+	joined            int           // consumers started by consumer-join faults
 	// relayArgs, fraudArgs: the package's, with the mode's.
 	relayArgs, fraudArgs []string
 
@@ -255,6 +263,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	defer cancelLoad()
 	r.loadStart = time.Now()
 	go r.settleLoop(loadCtx)
+	go r.flakyLoop(loadCtx, settleAccounts)
 	monCtx, cancelMon := context.WithCancel(ctx)
 	defer cancelMon()
 	go r.progress(monCtx)

@@ -212,7 +212,11 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 	case KillRelay, KillConsumer:
 		group := r.relays
 		if f.kind == KillConsumer {
+			// Anti-fraud's consumers, or the ledger's (the inbox path).
 			group = r.consumers
+			if r.rng.IntN(3) == 0 {
+				group = r.ledgers
+			}
 		}
 		targets := []*proc{group[r.rng.IntN(len(group))]}
 		if r.rng.IntN(4) == 0 {

@@ -14,8 +14,9 @@ import (
 
 // checkOrder checks per-sender order from the consumers' own record: the
 // audit streams, which the effect script appends to atomically with each
-// effect. Each sender's transfers must have been applied in settled (seq)
-// order, each once. It returns how many senders' were not.
+// effect, and the ledger's entries (the inbox path, ledger.go). Each
+// sender's transfers must have been applied in settled (seq) order, each
+// once. It returns how many senders' were not, on both paths.
 func (r *run) checkOrder(ctx context.Context, verdicts int) int {
 	want := map[string][]string{} // sender -> transfer ids in seq order
 	rows, err := r.mon.Query(ctx, `SELECT aggregate_id, coalesce(partition_key, aggregate_id) FROM outbox_messages
@@ -76,7 +77,7 @@ func (r *run) checkOrder(ctx context.Context, verdicts int) int {
 	if outOfOrder > 0 {
 		r.problem("%d senders' effects were not applied once each in settled order (audit streams)", outOfOrder)
 	}
-	return outOfOrder
+	return outOfOrder + r.checkLedger(ctx, want)
 }
 
 // verdicts reads every verdict key, by transfer id, with its expiry: each

@@ -110,7 +110,19 @@ func (r *run) setup(ctx context.Context) error {
 		args := append([]string{"fraud", "--consumer", name, "--redis-url", r.proxyRDS}, r.fraudArgs...)
 		r.consumers = append(r.consumers, newProc(name, r.cfg.Binary, filepath.Join(r.cfg.Dir, name+".log"), r.logf, args...))
 	}
-	r.procs = append(append([]*proc{}, r.relays...), r.consumers...)
+	ledgerURL, _, err := testenv.CreateDatabase(ctx, r.pg.URL, "ledger")
+	if err != nil {
+		return err
+	}
+	if err := r.setupLedger(ctx, ledgerURL); err != nil {
+		return err
+	}
+	for _, name := range []string{"l1", "l2"} {
+		args := slices.Concat([]string{"ledger", "--consumer", name, "--redis-url", r.proxyRDS, "--ledger-database-url", ledgerURL},
+			ledgerArgs, withoutFlag(common, "--min-replicas")) // its effects are in PostgreSQL, not Redis
+		r.ledgers = append(r.ledgers, newProc(name, r.cfg.Binary, filepath.Join(r.cfg.Dir, name+".log"), r.logf, args...))
+	}
+	r.procs = slices.Concat(r.relays, r.consumers, r.ledgers)
 	for _, p := range r.procs {
 		go p.supervise()
 	}
@@ -129,6 +141,9 @@ func (r *run) setup(ctx context.Context) error {
 
 // teardown stops whatever is still running and keeps the servers' logs.
 func (r *run) teardown() {
+	if r.ledgerDB != nil {
+		defer r.ledgerDB.Close()
+	}
 	for _, p := range r.procs {
 		p.mu.Lock()
 		p.stopping = true
@@ -220,4 +235,17 @@ func LogTails(dir string, lines int) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// withoutFlag returns args without the flag name and its value.
+func withoutFlag(args []string, name string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == name {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
 }

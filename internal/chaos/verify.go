@@ -28,12 +28,14 @@ const (
 // drainState is what waitDrain watches.
 type drainState struct {
 	transfers, verdicts, pending, publishing, dead int
+	ledgered                                       int // TEDs the ledger posted
 	groupPending                                   int64
 	delivered                                      bool // the group has been delivered the stream's last entry
 }
 
 func (s drainState) done() bool {
-	return s.pending == 0 && s.publishing == 0 && s.verdicts+s.dead >= s.transfers && s.groupPending == 0 && s.delivered
+	return s.pending == 0 && s.publishing == 0 && s.verdicts+s.dead >= s.transfers && s.groupPending == 0 && s.delivered &&
+		s.ledgered+s.dead >= s.transfers
 }
 
 func (r *run) drainState(ctx context.Context) (drainState, error) {
@@ -48,6 +50,9 @@ func (r *run) drainState(ctx context.Context) (drainState, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if s.verdicts, err = r.verdictCount(ctx); err != nil {
+		return s, err
+	}
+	if s.ledgered, err = r.ledgerCount(ctx); err != nil {
 		return s, err
 	}
 	if r.cfg.NATS {
