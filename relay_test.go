@@ -176,7 +176,7 @@ func TestStaleRelayIsFenced(t *testing.T) {
 	<-stallA.Published // A published and is now stuck before marking
 
 	// A's lease runs out (aged on the database clock, no sleeping).
-	if _, err := f.Pool.Exec(f.Ctx, "UPDATE outbox_messages SET claimed_at = claimed_at - interval '1 hour' WHERE status = 'publishing'"); err != nil {
+	if _, err := f.Pool.Exec(f.Ctx, "UPDATE outbox_messages SET claimed_at = claimed_at - interval '10 minutes' WHERE status = 'publishing'"); err != nil {
 		t.Fatal(err)
 	}
 	stallB := relaytest.NewStallingRedis(f.Redis.Client)

@@ -51,9 +51,10 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 		})
 	}
 	b.Queue(indexedClaim)
-	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name)
+	window := r.cfg.RedeliveryWindow().Milliseconds()
+	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window)
 	if r.ownsPartitions() {
-		read = outboxsql.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...))
+		read = outboxsql.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...), window)
 	}
 	queue(&b, read).Query(func(rows pgx.Rows) error {
 		var err error

@@ -102,6 +102,13 @@ type Config struct {
 	ReplicaTimeout time.Duration
 	// MaxAttempts is how many failed attempts make a row dead.
 	MaxAttempts int
+	// Redelivery is how long after an event may first have reached the
+	// broker (a publish not marked: the relay died, the reply timed out,
+	// the replicas did not confirm) a relay may still publish it again:
+	// after it the event goes dead instead, so a consumer whose dedupe
+	// records outlive it (consumer.Config.RelayRedelivery) never applies it
+	// twice. Default: RedeliveryWindow's formula (58 minutes).
+	Redelivery time.Duration
 	// BackoffBase and BackoffMax bound the exponential backoff (with jitter)
 	// between attempts of one event.
 	BackoffBase time.Duration
@@ -171,15 +178,19 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// RedeliveryWindow bounds how long after an event's first publication a
-// relay may publish it again: each of its MaxAttempts attempts can end in a
-// publish that reached the broker but was not marked (the relay died, or the
-// broker's reply was lost), and the next one follows within a lease, a
-// reaper interval and a backoff. A consumer's dedupe records must outlive it
+// RedeliveryWindow is how long after an event may first have reached the
+// broker a relay may publish it again (Redelivery): a bound, enforced in the
+// claim and the partition read (migration 0011: first_sent_at) and by the
+// reaper, which marks older ones dead. Its default leaves room for every one
+// of the MaxAttempts attempts to follow within a lease, a reaper interval, a
+// publish timeout and a backoff. A consumer's dedupe records must outlive it
 // (consumer.Config.RelayRedelivery). An operator's retry of a dead event
-// (outbox dead retry) publishes it again whenever it runs.
+// (outbox dead retry) publishes it again whenever it runs: knowingly.
 func (c Config) RedeliveryWindow() time.Duration {
 	c = c.withDefaults()
+	if c.Redelivery > 0 {
+		return c.Redelivery
+	}
 	return time.Duration(c.MaxAttempts) * (c.Lease + c.ReapInterval + c.PublishTimeout + c.BackoffMax)
 }
 
@@ -214,6 +225,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("publish timeout %s: must be positive and shorter than the lease (%s)", c.PublishTimeout, c.Lease)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("max attempts %d: must be at least 1", c.MaxAttempts)
+	case c.Redelivery < 0 || (c.Redelivery > 0 && c.Redelivery <= c.Lease+c.ReapInterval):
+		return fmt.Errorf("redelivery window %s: must be longer than the lease and a reaper interval (%s), or 0 for the default",
+			c.Redelivery, c.Lease+c.ReapInterval)
 	case c.BackoffBase <= 0 || c.BackoffMax < c.BackoffBase:
 		return fmt.Errorf("backoff %s..%s: base must be positive and not above max", c.BackoffBase, c.BackoffMax)
 	case !streamPattern.MatchString(c.StreamPrefix):

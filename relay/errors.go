@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -77,4 +79,32 @@ func movedSlot(err error) bool {
 	_, moved := redis.IsMovedError(err)
 	_, ask := redis.IsAskError(err)
 	return moved || ask
+}
+
+// maybeSent reports whether a publish that failed with err may still have
+// reached the broker: anything but a connection that was never made, a
+// client that refused to send, or the broker's own refusal (an error reply:
+// OOM, READONLY, MOVED, no responders). A lost or timed-out reply, or
+// replicas that did not confirm, may hide an entry that is in the stream: its
+// redelivery window starts (migration 0011).
+func maybeSent(err error) bool {
+	var opErr *net.OpError
+	var redisErr redis.Error
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, errNotReplicated):
+		return true // the XADD ran; its replicas did not confirm it
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return false
+	case errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return false
+	case errors.As(err, &redisErr), movedSlot(err):
+		return false // Redis answered, refusing
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrConnectionDraining),
+		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrTooManyStalledMsgs):
+		return false // nothing left the client, or no stream took it
+	}
+	return true
 }

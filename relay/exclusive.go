@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/tedbank/outbox/internal/retry"
 	outboxsql "github.com/tedbank/outbox/sql"
 )
 
@@ -25,6 +27,11 @@ import (
 // claimer's, left from before a switch of ownership, and as pending rows
 // with an attempt counted they hold back the later events of their keys
 // (relay_read.sql), where as 'publishing' rows they would not.
+
+// ownershipSettle is how long a relay looks again for the other ownership's
+// lock before it refuses (a relay that just stopped still holds it until
+// its backend has exited).
+const ownershipSettle = 3 * time.Second
 
 // ErrMixedOwnership: a relay of the other ownership (row claims, partition
 // leases) runs on this database. Run returns it.
@@ -49,9 +56,21 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 			return fmt.Errorf("hold the ownership lock: %w", err)
 		}
 	}
+	// A relay that just stopped holds its lock until its backend has
+	// exited, a moment after its connection closed: look again for a
+	// little while before refusing.
 	var free bool
-	if err := exec(ctx, outboxsql.RelayOwnershipOther(other), &free); err != nil {
-		return fmt.Errorf("check for relays of the other ownership: %w", err)
+	for deadline := time.Now().Add(ownershipSettle); ; {
+		if err := exec(ctx, outboxsql.RelayOwnershipOther(other), &free); err != nil {
+			return fmt.Errorf("check for relays of the other ownership: %w", err)
+		}
+		if free || time.Now().After(deadline) {
+			break
+		}
+		retry.Sleep(ctx, 100*time.Millisecond)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 	if !free {
 		theirs := OwnPartitions

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tedbank/outbox/internal/retry"
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // sent is a batch after its publish round trip.
@@ -33,6 +34,7 @@ type outcome struct {
 	failed     pendingMark // refused one by one (streamIDs holds the errors): count an attempt
 	failDelays []int64     // each failed row's backoff, in milliseconds
 	release    []uuid.UUID // the broker refused the batch as a whole: give back, no attempt counted
+	maybeSent  []uuid.UUID // of those, the ones the broker may have taken (maybeSent): their redelivery window starts
 }
 
 // sortOutcome sorts each row of b by its publish result, counting failures
@@ -50,6 +52,9 @@ func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
 			res.BrokerDown = true
 			res.Err = err
 			out.release = append(out.release, m.ID)
+			if maybeSent(err) {
+				out.maybeSent = append(out.maybeSent, m.ID)
+			}
 		default:
 			res.Err = err
 			r.cfg.Metrics.failure(m.EventType)
@@ -89,6 +94,13 @@ func (r *Relay) record(ctx context.Context, res *BatchResult, out *outcome, defe
 	}
 	if len(out.release) == 0 {
 		return next, nil
+	}
+	if len(out.maybeSent) > 0 {
+		// Before the rows are given back: a crash in between leaves them
+		// claimed and stamped, and the reaper keeps the stamp.
+		if _, err := r.exec(ctx, outboxsql.RelayMarkSent(out.maybeSent)); err != nil {
+			return next, fmt.Errorf("start the redelivery window of %d rows the broker may have taken: %w", len(out.maybeSent), err)
+		}
 	}
 	if r.ownsPartitions() {
 		// Nothing to give back: the rows were only read, and stay

@@ -12,10 +12,11 @@ import (
 func TestReapReturnsOnlyExpiredClaims(t *testing.T) {
 	f := newFixture(t)
 	f.Settle(8)
-	// Claims by a relay that vanished: five expired an hour ago (one of
-	// them on its last attempt), three taken just now.
+	// Claims by a relay that vanished: five expired two minutes ago (one
+	// of them on its last attempt; well within the redelivery window), three
+	// taken just now.
 	f.Exec(`UPDATE outbox_messages SET status = 'publishing', claimed_by = 'ghost', claim_token = gen_random_uuid(),
-		claimed_at = CASE WHEN seq <= (SELECT min(seq) + 4 FROM outbox_messages) THEN now() - interval '1 hour' ELSE now() END`)
+		claimed_at = CASE WHEN seq <= (SELECT min(seq) + 4 FROM outbox_messages) THEN now() - interval '2 minutes' ELSE now() END`)
 	f.Exec(`UPDATE outbox_messages SET attempts = 2 WHERE seq = (SELECT min(seq) FROM outbox_messages)`)
 
 	cfg := f.RowsRelayConfig("reaper")

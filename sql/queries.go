@@ -37,7 +37,8 @@ var (
 	reconcileEvents          = prepare("reconcile_events", "since")
 	reconcileSenderTransfers = prepare("reconcile_sender_transfers", "senders")
 	relayBusy                = prepare("relay_busy")
-	relayClaim               = prepare("relay_claim", "batch", "token", "relay")
+	relayClaim               = prepare("relay_claim", "batch", "token", "relay", "window_ms")
+	relayExpire              = prepare("relay_expire", "window_ms", "batch")
 	relayLeaseAcquire        = prepare("relay_lease_acquire", "relay", "lease_ms", "count")
 	relayLeaseLeave          = prepare("relay_lease_leave", "relay")
 	relayLeaseRelease        = prepare("relay_lease_release", "relay", "slots")
@@ -50,9 +51,10 @@ var (
 	relayNotify              = prepare("relay_notify", "channel", "payload")
 	relayOwnershipHold       = prepare("relay_ownership_hold", "mode")
 	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
-	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight")
+	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
+	relayMarkSent            = prepare("relay_mark_sent", "ids")
 	relaySleep               = prepare("relay_sleep")
 	status                   = prepare("status")
 	statusListeningRelays    = prepare("status_listening_relays")
@@ -157,8 +159,18 @@ func RelayBusy() Statement {
 }
 
 // RelayClaim is queries/relay_claim.sql.
-func RelayClaim(batch int, token uuid.UUID, relay string) Statement {
-	return relayClaim.with(batch, token, relay)
+func RelayClaim(batch int, token uuid.UUID, relay string, windowMS int64) Statement {
+	return relayClaim.with(batch, token, relay, windowMS)
+}
+
+// RelayExpire is queries/relay_expire.sql.
+func RelayExpire(windowMS int64, batch int) Statement {
+	return relayExpire.with(windowMS, batch)
+}
+
+// RelayMarkSent is queries/relay_mark_sent.sql.
+func RelayMarkSent(ids []uuid.UUID) Statement {
+	return relayMarkSent.with(ids)
 }
 
 // RelayLeaseAcquire is queries/relay_lease_acquire.sql.
@@ -212,8 +224,8 @@ func RelayNotify(channel string, payload string) Statement {
 }
 
 // RelayRead is queries/relay_read.sql.
-func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64) Statement {
-	return relayRead.with(batch, slots, usableSlots, inFlight)
+func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64, windowMS int64) Statement {
+	return relayRead.with(batch, slots, usableSlots, inFlight, windowMS)
 }
 
 // RelayReap is queries/relay_reap.sql.

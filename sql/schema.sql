@@ -141,6 +141,7 @@ CREATE TABLE public.outbox_messages (
     unpublished boolean GENERATED ALWAYS AS ((status = ANY (ARRAY['pending'::text, 'publishing'::text]))) STORED,
     dead boolean GENERATED ALWAYS AS ((status = 'dead'::text)) STORED,
     partition_key text,
+    first_sent_at timestamp with time zone,
     CONSTRAINT outbox_messages_aggregate_id_set CHECK (((length(aggregate_id) >= 1) AND (length(aggregate_id) <= 200))),
     CONSTRAINT outbox_messages_aggregate_type_set CHECK ((aggregate_type ~ '^[A-Za-z0-9_.-]{1,100}$'::text)),
     CONSTRAINT outbox_messages_attempts_valid CHECK ((attempts >= 0)),
@@ -261,6 +262,10 @@ CREATE INDEX outbox_messages_dead ON public.outbox_messages USING btree (seq) WH
 -- INDEX outbox_messages_retrying
 
 CREATE INDEX outbox_messages_retrying ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE (unpublished AND (attempts > 0));
+
+-- INDEX outbox_messages_sent_unmarked
+
+CREATE INDEX outbox_messages_sent_unmarked ON public.outbox_messages USING btree (first_sent_at) WHERE (unpublished AND (first_sent_at IS NOT NULL));
 
 -- INDEX outbox_messages_unpublished
 

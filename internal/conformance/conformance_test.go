@@ -352,13 +352,14 @@ func (r *run) settleInBackground(phase int) *sync.WaitGroup {
 }
 
 // killBetweenPublishAndMark leaves n published events as a relay killed
-// between its publish and its mark leaves them: 'publishing', claimed long
-// ago. The reaper returns them to pending and a relay publishes them again:
-// copies, later in the stream than newer events of their keys.
+// between its publish and its mark leaves them: 'publishing', claimed past
+// its lease (within the redelivery window). The reaper returns them to
+// pending and a relay publishes them again: copies, later in the stream
+// than newer events of their keys.
 func (r *run) killBetweenPublishAndMark(n int) {
 	r.t.Helper()
 	if _, err := r.pool.Exec(r.ctx, `
-		UPDATE outbox_messages SET status = 'publishing', claimed_at = now() - interval '1 hour', claimed_by = 'killed',
+		UPDATE outbox_messages SET status = 'publishing', claimed_at = now() - interval '10 seconds', claimed_by = 'killed',
 		       claim_token = gen_random_uuid(), published_at = NULL, stream_id = NULL
 		 WHERE id IN (SELECT id FROM outbox_messages WHERE status = 'published' ORDER BY random() LIMIT $1)`, n); err != nil {
 		r.t.Fatal(err)

@@ -11,7 +11,8 @@ WITH requeued AS (
            last_error = NULL,
            claimed_at = NULL,
            claimed_by = NULL,
-           claim_token = NULL
+           claim_token = NULL,
+           first_sent_at = NULL
      WHERE id = ANY(@ids::uuid[])
        AND status = 'dead'
     RETURNING id

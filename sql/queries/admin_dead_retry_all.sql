@@ -19,7 +19,8 @@ WITH picked AS MATERIALIZED (
            last_error = NULL,
            claimed_at = NULL,
            claimed_by = NULL,
-           claim_token = NULL
+           claim_token = NULL,
+           first_sent_at = NULL
       FROM picked
      WHERE o.id = picked.id
        AND o.status = 'dead'

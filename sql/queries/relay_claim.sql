@@ -8,6 +8,9 @@
 -- unpublished, which keeps per-partition-key order across relays, failures
 -- and backoff (a batch holds at most one event per partition key).
 -- unpublished: the partial indexes' predicate (migration 0007).
+-- first_sent_at: a row that may have reached the broker longer than the
+-- redelivery window @window_ms ago is never published again (migration 0011;
+-- the reaper marks it dead).
 -- ctid: the picked rows are locked by this statement, so their row versions
 -- cannot change under it; a TID scan finds each again without an index probe.
 WITH picked AS MATERIALIZED (
@@ -16,6 +19,7 @@ WITH picked AS MATERIALIZED (
      WHERE o.unpublished
        AND o.status = 'pending'
        AND o.next_attempt_at <= now()
+       AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
        AND NOT EXISTS (
            SELECT 1
              FROM outbox_messages p

@@ -12,6 +12,7 @@
 -- The relay keeps the first row of each partition key and leaves the rest to
 -- its next read, so that a failed publish can never be overtaken by a later
 -- event of the same key published in the same pipeline.
+-- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
        o.payload, o.headers, o.attempts, o.created_at,
        coalesce(o.partition_key, o.aggregate_id) AS partition_key
@@ -19,6 +20,7 @@ SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
  WHERE o.unpublished
    AND o.status = 'pending'
    AND o.next_attempt_at <= now()
+   AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
    AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), @slots) = ANY(@usable_slots::int[])
    AND o.seq NOT IN (SELECT unnest(@in_flight::bigint[]))
    AND NOT EXISTS (

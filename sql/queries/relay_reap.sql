@@ -17,6 +17,8 @@ UPDATE outbox_messages o
        attempts = o.attempts + 1,
        last_error = 'lease expired (claimed by ' || coalesce(o.claimed_by, 'unknown') || ')',
        claim_token = NULL,
+       -- the claim may have been published before its relay died
+       first_sent_at = coalesce(o.first_sent_at, o.claimed_at),
        next_attempt_at = now()
   FROM expired
  WHERE o.id = expired.id
