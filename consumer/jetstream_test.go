@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -278,16 +277,7 @@ func TestJetStreamStaleOwnerReadsNothingOfTheNewOwners(t *testing.T) {
 	// Its fence check reaches Redis, as the inbox's reaches PostgreSQL;
 	// 25 ms an effect, as a real store's.
 	h := slowOn{recorder: newRecorder(e.rdb.Client), delay: 25 * time.Millisecond}
-	proxy, err := tcpproxy.Start(e.rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	opt := *e.rdb.Options()
-	opt.Addr = proxy.Addr()
-	opt.MaxRetries = -1
-	viaProxy := redis.NewClient(&opt)
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := proxied(t, e.rdb.Client)
 
 	cfg := e.cfg
 	cfg.Consumer = "a"
@@ -317,11 +307,7 @@ func TestJetStreamStaleOwnerReadsNothingOfTheNewOwners(t *testing.T) {
 	for deadline := time.Now().Add(15 * time.Second); len(h.effects()) < n && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	got := h.effects()
-	want := make([]string, n)
-	for i := range want {
-		want[i] = fmt.Sprintf("%04d", i)
-	}
+	got, want := h.effects(), numbered(n)
 	if !slices.Equal(got, want) {
 		late := 0
 		for i := 1; i < len(got); i++ {

@@ -27,16 +27,7 @@ func TestTwinUnderOneNameStandsDown(t *testing.T) {
 	cfg.PartitionLease = time.Second
 	h := newRecorder(rdb.Client)
 
-	proxy, err := tcpproxy.Start(rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	opt := *rdb.Options()
-	opt.Addr = proxy.Addr()
-	opt.MaxRetries = -1
-	viaProxy := redis.NewClient(&opt)
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := proxied(t, rdb.Client)
 
 	run := func(c *Consumer) (stop func(), done chan error) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -103,12 +94,7 @@ func TestTwinUnderOneNameStandsDown(t *testing.T) {
 	pub.Wait()
 	outboxtest.Eventually(t, 20*time.Second, func() bool { return len(h.effects()) >= n }, "applied %d of %d", len(h.effects()), n)
 	time.Sleep(300 * time.Millisecond)
-	got := h.effects()
-	want := make([]string, n)
-	for i := range want {
-		want[i] = fmt.Sprintf("%04d", i)
-	}
-	if !slices.Equal(got, want) {
+	if got := h.effects(); !slices.Equal(got, numbered(n)) {
 		t.Fatalf("effects %v\nwant each event once, in stream order", got)
 	}
 	mu.Lock()
@@ -176,4 +162,29 @@ func TestEntryATwinReadIsAppliedInOrder(t *testing.T) {
 	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2", "e3"}) {
 		t.Fatalf("applied %v, want e1, e2, e3", got)
 	}
+}
+
+// proxied returns a client of rdb's server through a proxy of its own, which
+// the test can cut (Down) or blackhole (Freeze) for that client alone.
+func proxied(t *testing.T, rdb *redis.Client) (*tcpproxy.Proxy, *redis.Client) {
+	t.Helper()
+	proxy, err := tcpproxy.Start(rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	opt := *rdb.Options()
+	opt.Addr, opt.MaxRetries = proxy.Addr(), -1
+	c := redis.NewClient(&opt)
+	t.Cleanup(func() { c.Close() })
+	return proxy, c
+}
+
+// numbered is "0000", "0001", ... up to n events' aggregate ids.
+func numbered(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%04d", i)
+	}
+	return ids
 }
