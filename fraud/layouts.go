@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -82,7 +83,7 @@ func (e *effects) appliedEarlier(ctx context.Context, evs []Event) ([]bool, erro
 	cmds := make([][]*redis.IntCmd, len(evs))
 	_, err = e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, ev := range evs {
-			if ev.EventID == [16]byte{} {
+			if ev.EventID == uuid.Nil {
 				continue
 			}
 			for _, n := range earlier {

@@ -79,6 +79,14 @@ func (l *ledger) lock(account string) (release func()) {
 	return release
 }
 
+// run runs c until the test ends.
+func (l *ledger) run(c *consumer.Consumer) {
+	ctx, cancel := context.WithCancel(l.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	l.t.Cleanup(func() { cancel(); <-done })
+}
+
 // applied lists the events applied, in the order they took effect.
 func (l *ledger) applied() []uuid.UUID {
 	l.t.Helper()
@@ -196,10 +204,7 @@ func TestRunningConsumerKeepsAKeysOrderAcrossRetries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(l.ctx)
-			done := make(chan struct{})
-			go func() { defer close(done); _ = c.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done })
+			l.run(c)
 
 			release := l.lock("X")
 			ted := []uuid.UUID{uuid.New(), uuid.New(), uuid.New(), uuid.New()}
@@ -233,23 +238,11 @@ func TestFailingEntryAtTakeoverDoesNotStopOtherKeys(t *testing.T) {
 	first := uuid.New()
 	l.xaddKey(first, "X", "sender-1")
 	// A consumer read it and died.
-	l.consumer(l.handler(), nil) // creates the group
+	c := l.consumer(l.handler(), func(cfg *consumer.Config) { cfg.Block, cfg.PartitionLease = 100*time.Millisecond, time.Second })
 	if err := l.rdb.XReadGroup(l.ctx, &redis.XReadGroupArgs{Group: "things", Consumer: "dead", Streams: []string{l.stream, ">"}, Count: 1}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	in, err := inbox.New(l.db, l.handler(), inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := consumer.New(l.rdb.Client, in, consumer.Config{Name: "things", Stream: l.stream, KeyPrefix: l.rdb.Prefix + "things:",
-		Consumer: "c1", Block: 100 * time.Millisecond, PartitionLease: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(l.ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	l.run(c)
 	other := uuid.New()
 	time.Sleep(300 * time.Millisecond) // the takeover meets the failing entry
 	l.xaddKey(other, "Z", "sender-2")
