@@ -1,7 +1,6 @@
 package outbox_test
 
 import (
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,50 +48,4 @@ func TestStalePartitionOwnerIsFenced(t *testing.T) {
 	f.Run(f.consumer("c1", nil).Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().DuplicatesSkipped == 10 }, "duplicates not skipped")
 	f.checkEffectsOnce(teds)
-}
-
-// A relay process killed with its leases held: another relay takes its
-// slots when the leases run out and publishes everything, each effect once.
-func TestKilledPartitionOwnersSlotsMoveWithinTheLease(t *testing.T) {
-	f := newFixture(t)
-	cmd := f.OutboxCmd("", "relay", "--stream-prefix", f.StreamPrefix(), "--ownership", "partitions", "--lease", "2s")
-	var out relaytest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("relay process output:\n%s", out.Bytes())
-		}
-	})
-	outboxtest.Eventually(t, 20*time.Second, func() bool { return f.LeaseHolders().Total() == 16 },
-		"the relay process did not take the slots")
-	teds := f.Settle(5)
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
-	}, "the relay process did not publish")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-exited
-	killed := time.Now()
-	more := f.Settle(5) // wait for the dead relay's leases
-	cfg := f.PartitionRelayConfig("r2")
-	cfg.Lease = 2 * time.Second
-	f.Run(f.NewRelay(cfg, nil).Run)
-	outboxtest.Eventually(t, 15*time.Second, func() bool {
-		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10
-	}, "the dead relay's slots did not move")
-	if d := time.Since(killed); d < time.Second {
-		t.Fatalf("published %s after the kill: the dead relay's leases (2s) were not respected", d)
-	}
-	f.Run(f.consumer("c1", nil).Run)
-	all := append(teds, more...) //nolint:gocritic // teds is not used again
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == int64(len(all)) }, "verdicts missing")
-	f.checkEffectsOnce(all)
 }

@@ -114,12 +114,21 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 		handler:     h,
 		keys:        Keys{Prefix: cfg.KeyPrefix},
 		parts:       ps,
-		token:       uuid.NewString(),
+		token:       processToken(rdb),
 		log:         cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
 		afterRead:   cfg.Name + ".after-read",
 		afterEffect: cfg.Name + ".after-effect",
 		outcomeAttr: cfg.Name + ".outcome",
 	}, nil
+}
+
+// processToken is a new process's token: with presencePrefix when it keeps
+// a presence connection (presence.go).
+func processToken(rdb redis.Cmdable) string {
+	if presenceCapable(rdb) {
+		return presencePrefix + uuid.NewString()
+	}
+	return uuid.NewString()
 }
 
 // Ready reports why the consumer cannot do its work right now, or nil: Redis

@@ -20,13 +20,15 @@ type Metrics struct {
 	deadLettered prometheus.Counter
 	failed       prometheus.Counter
 	batch        prometheus.Histogram
+	takeovers    prometheus.Counter
 }
 
 // NewMetrics creates the metrics of a consumer of kind name (Config.Name):
 // outbox_<name>_events_processed_total, counted by outcome under the label
 // outcomeLabel ("outcome" if empty), outbox_<name>_duplicates_skipped_total,
-// outbox_<name>_dead_lettered_total, outbox_<name>_failures_total and
-// outbox_<name>_batch_duration_seconds; and registers them with reg.
+// outbox_<name>_dead_lettered_total, outbox_<name>_failures_total,
+// outbox_<name>_batch_duration_seconds and outbox_<name>_takeovers_total;
+// and registers them with reg.
 func NewMetrics(reg prometheus.Registerer, name, outcomeLabel string) *Metrics {
 	if outcomeLabel == "" {
 		outcomeLabel = "outcome"
@@ -45,8 +47,10 @@ func NewMetrics(reg prometheus.Registerer, name, outcomeLabel string) *Metrics {
 		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: prefix + "batch_duration_seconds", Help: "Time to apply and acknowledge one batch of entries.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: prefix + "takeovers_total", Help: "Consumers of the group this one found dead (their Redis connection gone) and whose partitions it gave back."}),
 	}
-	reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.failed, m.batch)
+	reg.MustRegister(m.processed, m.duplicates, m.deadLettered, m.failed, m.batch, m.takeovers)
 	return m
 }
 
@@ -66,6 +70,12 @@ func (m *Metrics) outcome(o string) {
 func (m *Metrics) failedEntry() {
 	if m != nil {
 		m.failed.Inc()
+	}
+}
+
+func (m *Metrics) takeover() {
+	if m != nil {
+		m.takeovers.Inc()
 	}
 }
 

@@ -110,10 +110,20 @@ func (c *Consumer) own(ctx context.Context) error {
 		}
 	}()
 
-	tick := time.NewTicker(min(c.cfg.PartitionLease/4, c.nameLeaseTTL()/3))
-	defer tick.Stop()
+	// A full pass (name, membership, leases) every renewEvery, and at once
+	// when the members changed; in between, every presenceEvery, the
+	// membership's heartbeat and a look for dead members (presence.go).
+	renewEvery := min(c.cfg.PartitionLease/4, c.nameLeaseTTL()/3)
+	fast := time.NewTicker(min(presenceEvery, renewEvery))
+	defer fast.Stop()
+	pres := &presence{c: c, absent: map[string]int{}}
+	defer pres.close()
 	var want []int
+	var lastMembers []string
 	for {
+		if err := pres.open(ctx); err != nil && ctx.Err() == nil {
+			c.log.Debug("opening the presence connection failed; retrying", slog.Any("error", err))
+		}
 		if err := c.renewName(ctx); err != nil {
 			c.log.Error("another process runs under this consumer name, started while this one was away; "+
 				"standing down for good (give each consumer its own --consumer)",
@@ -126,7 +136,7 @@ func (c *Consumer) own(ctx context.Context) error {
 				c.log.Warn("reading the group's members failed", slog.Any("error", err))
 			}
 		} else {
-			want = c.assigned(members)
+			want, lastMembers = c.assigned(members), members
 		}
 		for p := range workers {
 			if !slices.Contains(want, p) {
@@ -163,10 +173,19 @@ func (c *Consumer) own(ctx context.Context) error {
 				}()
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
+		for next := time.Now().Add(renewEvery); time.Now().Before(next); {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-fast.C:
+			}
+			members, err := c.members(ctx)
+			if err != nil {
+				break // the full pass logs it
+			}
+			if pres.look(ctx, members) || !slices.Equal(members, lastMembers) {
+				break
+			}
 		}
 	}
 }

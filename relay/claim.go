@@ -33,7 +33,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	switch op {
 	case flagBusy:
-		queue(&b, outboxsql.RelayBusy())
+		queue(&b, outboxsql.RelayBusy(r.listenPID.Load()))
 	case flagSleep:
 		queue(&b, outboxsql.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
@@ -52,7 +52,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	b.Queue(indexedClaim)
 	window := r.cfg.RedeliveryWindow().Milliseconds()
-	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window)
+	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window, r.listenPID.Load())
 	if r.ownsPartitions() {
 		read = outboxsql.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...), window)
 	}

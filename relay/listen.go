@@ -17,13 +17,13 @@ import (
 
 const (
 	listenConnectTimeout = 10 * time.Second
-	listenPingTimeout    = 5 * time.Second
-	// listenPingEvery: the LISTEN connection is pinged after this many quiet
-	// poll intervals in a row. Together with the poll's one round trip, an
-	// idle relay costs the database 1.25 round trips per poll interval, and
-	// a half-open LISTEN connection is found within five intervals (the poll
-	// delivers meanwhile).
-	listenPingEvery  = 4
+	// watchEvery: between notifications, the relay looks this often, on its
+	// LISTEN connection, for relays that died (relay_watch.sql): their claims
+	// and slots are taken over at once, not when their leases run out. The
+	// look doubles as the LISTEN connection's health check: one that does
+	// not answer within watchTimeout is given up and reconnected.
+	watchEvery       = 250 * time.Millisecond
+	watchTimeout     = 2 * time.Second
 	listenBackoffMin = 100 * time.Millisecond
 	listenBackoffMax = 30 * time.Second
 	// listenHealthyAfter: a connection that lasted this long resets the
@@ -42,6 +42,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := r.listen(ctx, failures)
+		r.listenAttempted()
 		r.stats.listenUp.Store(false)
 		r.cfg.Metrics.listen(false)
 		if ctx.Err() != nil {
@@ -103,6 +104,28 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	if err != nil {
 		return err
 	}
+	// The server must notice a half-open LISTEN connection (the relay's
+	// machine or link gone) to release its lock: only then do the other
+	// relays take this relay's claims and slots over (migration 0012).
+	kctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	ka := outboxsql.RelayServerKeepalive(serverKeepaliveIdle, serverKeepaliveInterval, serverKeepaliveCount, serverUserTimeout)
+	_, err = conn.Exec(kctx, ka.SQL, ka.Args...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("set the server's keepalives on the LISTEN connection: %w", err)
+	}
+	var pid int32
+	rctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	err = queryRowOn(rctx, conn, outboxsql.RelayRegister(r.cfg.Name, r.membershipMS())).Scan(&pid)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("register the relay: %w", err)
+	}
+	r.listenPID.Store(uint32(pid))
+	defer r.listenPID.Store(0)
+	r.listenAttempted()
+	// A partition owner renews now: its slots carry the new pid.
+	r.slotsFreed.Store(r.ownsPartitions())
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
 	if failures > 0 {
@@ -116,39 +139,41 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	// this wakes catches up and tells writers again that the relay sleeps.
 	r.resync.Store(true)
 	r.kick()
+	// A relay of this name may have died just before: take its claims now.
+	r.bury(watchDead)
 
-	quiet := 0
+	lastWatch := time.Now()
 	for {
-		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		wctx, cancel := context.WithTimeout(ctx, max(time.Until(lastWatch.Add(watchEvery)), time.Millisecond))
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case n != nil && n.Payload == r.wakePayload(), n != nil && n.Payload == r.freedPayload():
-			quiet = 0 // this relay's own call to the others
+			// this relay's own call to the others
 		case n != nil && strings.HasPrefix(n.Payload, slotsFreedPrefix):
-			quiet = 0
 			r.slotsFreed.Store(true)
 			r.kick()
 		case n != nil:
-			quiet = 0
 			r.stats.notifications.Add(1)
 			r.cfg.Metrics.notified()
 			r.kick()
 		case ctx.Err() != nil:
 			return nil
 		case pgconn.Timeout(err) && !conn.IsClosed():
-			// Quiet for a poll interval. A socket read alone never notices a
-			// half-open connection; a write does.
-			if quiet++; quiet < listenPingEvery {
-				continue
-			}
-			quiet = 0
-			pctx, cancel := context.WithTimeout(ctx, listenPingTimeout)
-			err := conn.Ping(pctx)
+			// A socket read alone never notices a half-open connection; the
+			// watch's round trip does.
+			lastWatch = time.Now()
+			var w watchResult
+			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
+			err := queryRowOn(wctx, conn, outboxsql.RelayWatch()).Scan(&w.dead, &w.silenced)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("ping: %w", err)
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("watch: %w", err)
 			}
+			r.bury(w.what())
 		case err != nil:
 			return fmt.Errorf("wait for notification: %w", err)
 		default:
@@ -158,3 +183,19 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 }
 
 var errListenerClosed = errors.New("listen connection closed")
+
+// The server's TCP keepalives on the LISTEN connection (set_config; ignored on
+// a Unix socket): the server gives up on a connection whose relay stopped
+// answering after about idle + interval × count seconds, or when data it sent
+// stays unacknowledged for serverUserTimeout ms, and releases the relay's
+// lock: its claims and slots move then (about 5 s after the link went dead).
+const (
+	serverKeepaliveIdle     = 2
+	serverKeepaliveInterval = 1
+	serverKeepaliveCount    = 3
+	serverUserTimeout       = 5000
+)
+
+func queryRowOn(ctx context.Context, conn *pgx.Conn, st outboxsql.Statement) pgx.Row {
+	return conn.QueryRow(ctx, st.SQL, st.Args...)
+}

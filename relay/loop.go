@@ -14,6 +14,15 @@ import (
 // also renews them while idle. It owns the wake-up state (wakeup.go), the
 // retry schedule and the leases.
 func (r *Relay) drainLoop(ctx context.Context) {
+	wait := time.NewTimer(firstListenWait)
+	select {
+	case <-ctx.Done():
+		wait.Stop()
+		return
+	case <-r.listenTried:
+	case <-wait.C:
+	}
+	wait.Stop()
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	retryTimer := time.NewTimer(0)

@@ -109,7 +109,7 @@ func (r *Relay) notePublished(res *BatchResult, m *pendingMark, n int) {
 	r.stats.fenced.Add(int64(fenced))
 	r.cfg.Metrics.marked(n, fenced)
 	if fenced > 0 {
-		r.log.Warn("claim lost to another relay after publishing (lease expired); duplicates left for consumers to skip",
+		r.log.Warn("claim lost to another relay after publishing (its lease expired, or this relay's LISTEN connection was lost and it looked dead); duplicates left for consumers to skip",
 			slog.Int("rows", fenced))
 	}
 }

@@ -30,6 +30,7 @@ type Metrics struct {
 	polls           prometheus.Counter
 	pollsWithWork   prometheus.Counter
 	slotsHeld       prometheus.Gauge
+	takeovers       prometheus.Counter
 }
 
 // NewMetrics creates the relay metrics and registers them with reg.
@@ -68,9 +69,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_polls_with_work_total", Help: "Fallback polls that found events: a non-zero rate means wake-ups are being missed."}),
 		slotsHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_partition_slots", Help: "Partition slots this relay holds a lease on (--ownership partitions; 0 with row claims)."}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_takeovers_total", Help: "Times this relay took over the claims or slots of relays that died (their LISTEN backend gone)."}),
 	}
 	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.trimmed, m.batchSize, m.batchDuration,
-		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork, m.slotsHeld)
+		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork, m.slotsHeld, m.takeovers)
 	return m
 }
 
@@ -220,4 +223,10 @@ func (m *Metrics) slots(n int) {
 		return
 	}
 	m.slotsHeld.Set(float64(n))
+}
+
+func (m *Metrics) takeover() {
+	if m != nil {
+		m.takeovers.Inc()
+	}
 }

@@ -73,7 +73,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew(l.owner, leaseMS, !l.renewed))
+	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, r.listenPID.Load()))
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
@@ -99,7 +99,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire(l.owner, leaseMS, share-len(held)))
+		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), r.listenPID.Load()))
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -201,11 +201,16 @@ func firstOfEachKey(msgs []message) []message {
 // membership, and says so: the other relays renew at once and take the slots
 // instead of waiting for the leases to run out.
 func (r *Relay) leaveLeases() {
-	if !r.ownsPartitions() {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
+	if !r.ownsPartitions() {
+		// A row claimer's membership (relay_register.sql) ends here, not
+		// with the other relays finding it dead.
+		if _, err := r.exec(ctx, outboxsql.RelayLeaseLeave(r.leases.owner)); err != nil {
+			r.log.Debug("could not end the relay's membership; the other relays end it when they find it gone", slog.Any("error", err))
+		}
+		return
+	}
 	slots := make([]int, 0, len(r.leases.held))
 	for s := range r.leases.held {
 		slots = append(slots, s)
@@ -234,6 +239,16 @@ type rowLease struct {
 // relay gave slots back (renew now to take them).
 func (r *Relay) leaseRenewalDue() bool {
 	return r.ownsPartitions() && (r.slotsFreed.Load() || !time.Now().Before(r.leases.due))
+}
+
+// membershipMS is how long a membership lasts without renewal: a partition
+// owner's, a lease (renewed with its leases); a row claimer's, until its
+// LISTEN backend is gone (0).
+func (r *Relay) membershipMS() int64 {
+	if r.ownsPartitions() {
+		return r.cfg.Lease.Milliseconds()
+	}
+	return 0
 }
 
 // wakePayload is the payload of the notifications a relay that owns

@@ -55,6 +55,92 @@ func (r *Relay) expire(ctx context.Context) (int, error) {
 	}
 }
 
+// What the watch (listen.go) saw: a relay died, or writers are silent
+// because of a relay that is gone.
+const (
+	watchDead uint32 = 1 << iota
+	watchSilenced
+)
+
+type watchResult struct{ dead, silenced bool }
+
+func (w watchResult) what() uint32 {
+	var v uint32
+	if w.dead {
+		v |= watchDead
+	}
+	if w.silenced {
+		v |= watchSilenced
+	}
+	return v
+}
+
+// bury asks the reaper to take over what dead relays left (what: watchDead,
+// watchSilenced); nothing when what is 0.
+func (r *Relay) bury(what uint32) {
+	if what == 0 {
+		return
+	}
+	r.buryWhat.Or(what)
+	select {
+	case r.buryNow <- struct{}{}:
+	default:
+	}
+}
+
+// takeOver does what the relays that died can no longer do (migration
+// 0012): it ends their memberships and frees their partition slots (the
+// live relays' shares grow: all of them are told to renew now), returns
+// their claims to pending, and, when writers are silent because of one of
+// them, tells writers to notify again on their behalf.
+func (r *Relay) takeOver(ctx context.Context, what uint32) {
+	if what&watchDead != 0 {
+		var (
+			dead  []string
+			slots int
+		)
+		bctx, cancel := context.WithTimeout(ctx, markTimeout)
+		st := outboxsql.RelayBury()
+		err := r.pool.QueryRow(bctx, st.SQL, st.Args...).Scan(&dead, &slots)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("taking over the work of relays that died failed; their leases still bound it", slog.Any("error", err))
+			}
+			return
+		}
+		n, err := r.reap(ctx, r.cfg.Lease)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("returning the claims of relays that died failed; the reaper tries again", slog.Any("error", err))
+		}
+		if len(dead) > 0 || slots > 0 || n > 0 {
+			r.log.Warn("relays died: their work is taken over", slog.Any("relays", dead),
+				slog.Int("claims_returned", n), slog.Int("slots_freed", slots))
+			r.cfg.Metrics.takeover()
+		}
+		if slots > 0 || len(dead) > 0 {
+			// Every live relay renews now: their shares grew.
+			r.slotsFreed.Store(true)
+			r.kick()
+			if _, err := r.exec(ctx, r.notify(slotsFreedPrefix+"dead")); err != nil && ctx.Err() == nil {
+				r.log.Warn("waking the other relays to take the freed slots failed; they take them at their next renewal",
+					slog.Any("error", err))
+			}
+		}
+		if n > 0 {
+			// Wake every relay (this one too): the returned rows are
+			// anyone's to claim.
+			if _, err := r.exec(ctx, r.notify("")); err != nil {
+				r.kick()
+			}
+		}
+	}
+	if what&watchSilenced != 0 {
+		r.log.Warn("writers are silent because of a relay that is gone (it said \"busy\" and died): telling them to notify again")
+		r.wakeWriters(ctx)
+	}
+}
+
 func (r *Relay) reapLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.ReapInterval)
 	defer t.Stop()
@@ -62,6 +148,9 @@ func (r *Relay) reapLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-r.buryNow:
+			r.takeOver(ctx, r.buryWhat.Swap(0))
+			continue
 		case <-t.C:
 		}
 		n, err := r.Reap(ctx)

@@ -101,6 +101,20 @@ type Relay struct {
 	// leftoversReclaimed: a partition owner checked that no row claimer
 	// runs and returned a dead one's claims to pending (exclusive.go).
 	leftoversReclaimed atomic.Bool
+	// listenPID is the backend pid of the LISTEN connection while it is up
+	// (0 otherwise): it holds the relay's ownership lock, and its claims,
+	// slots and "busy" word carry it, so that the other relays take them
+	// over the moment it is gone (migration 0012).
+	listenPID atomic.Uint32
+	// buryNow wakes the reaper to take over the work of relays that died
+	// (reap.go); buryWhat says what the watch saw.
+	buryNow  chan struct{}
+	buryWhat atomic.Uint32
+	// listenTried is closed once the first LISTEN connection is up, or its
+	// attempt failed: the first drain waits for it (firstListenWait at
+	// most), so that its claims and slots carry the LISTEN backend's pid.
+	listenTried     chan struct{}
+	listenTriedOnce sync.Once
 	// stop ends Run with a cause (ErrMixedOwnership, found by the LISTEN
 	// connection); set by Run.
 	stop context.CancelCauseFunc
@@ -160,6 +174,9 @@ func newRelay(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		listenCfg: listenCfg,
 		wake:      make(chan struct{}, 1),
 		listenNow: make(chan struct{}, 1),
+		buryNow:   make(chan struct{}, 1),
+
+		listenTried: make(chan struct{}),
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
@@ -237,6 +254,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// firstListenWait bounds how long the first drain waits for the LISTEN
+// connection.
+const firstListenWait = 2 * time.Second
+
+// listenAttempted ends the first drain's wait for the LISTEN connection.
+func (r *Relay) listenAttempted() { r.listenTriedOnce.Do(func() { close(r.listenTried) }) }
 
 // kick wakes the drainer; wake-ups that arrive while it is busy coalesce into
 // one more drain, so none is lost.

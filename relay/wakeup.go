@@ -160,7 +160,15 @@ func (r *Relay) sleepOnExit() {
 	if r.state == asleep {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), exitWait)
+	r.wakeWriters(context.Background())
+}
+
+// wakeWriters tells writers to notify again, waits for those that read
+// "busy" (exitWait at most), and wakes every relay with a NOTIFY sent when
+// that wait is over: a stopping relay's last word, and what a relay says on
+// behalf of one that died while it had silenced the writers.
+func (r *Relay) wakeWriters(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, exitWait)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
 		slept, err := r.sayGoodbye(ctx)

@@ -36,13 +36,14 @@ var (
 	outboxLockPartitions     = prepare("outbox_lock_partitions", "lock_slots")
 	reconcileEvents          = prepare("reconcile_events", "since")
 	reconcileSenderTransfers = prepare("reconcile_sender_transfers", "senders")
-	relayBusy                = prepare("relay_busy")
-	relayClaim               = prepare("relay_claim", "batch", "token", "relay", "window_ms")
+	relayBusy                = prepare("relay_busy", "pid")
+	relayClaim               = prepare("relay_claim", "batch", "token", "relay", "window_ms", "pid")
+	relayBury                = prepare("relay_bury")
 	relayExpire              = prepare("relay_expire", "window_ms", "batch")
-	relayLeaseAcquire        = prepare("relay_lease_acquire", "relay", "lease_ms", "count")
+	relayLeaseAcquire        = prepare("relay_lease_acquire", "relay", "lease_ms", "count", "pid")
 	relayLeaseLeave          = prepare("relay_lease_leave", "relay")
 	relayLeaseRelease        = prepare("relay_lease_release", "relay", "slots")
-	relayLeaseRenew          = prepare("relay_lease_renew", "relay", "lease_ms", "rotate")
+	relayLeaseRenew          = prepare("relay_lease_renew", "relay", "lease_ms", "rotate", "pid")
 	relayLeaseShare          = prepare("relay_lease_share")
 	relayMarkFailed          = prepare("relay_mark_failed", "ids", "errors", "backoffs_ms", "token", "max_attempts")
 	relayMarkFailedLeased    = prepare("relay_mark_failed_leased", "ids", "errors", "backoffs_ms", "slots", "tokens", "max_attempts")
@@ -53,9 +54,12 @@ var (
 	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
+	relayRegister            = prepare("relay_register", "relay", "lease_ms")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
 	relayMarkSent            = prepare("relay_mark_sent", "ids")
+	relayServerKeepalive     = prepare("relay_server_keepalive", "idle_s", "interval_s", "count", "user_timeout_ms")
 	relaySleep               = prepare("relay_sleep")
+	relayWatch               = prepare("relay_watch")
 	status                   = prepare("status")
 	statusListeningRelays    = prepare("status_listening_relays")
 	statusRelaySlots         = prepare("status_relay_slots")
@@ -154,13 +158,33 @@ func RelayOwnershipOther(mode int) Statement {
 }
 
 // RelayBusy is queries/relay_busy.sql.
-func RelayBusy() Statement {
-	return relayBusy.with()
+func RelayBusy(pid uint32) Statement {
+	return relayBusy.with(int32(pid))
+}
+
+// RelayBury is queries/relay_bury.sql.
+func RelayBury() Statement {
+	return relayBury.with()
+}
+
+// RelayRegister is queries/relay_register.sql.
+func RelayRegister(relay string, leaseMS int64) Statement {
+	return relayRegister.with(relay, leaseMS)
+}
+
+// RelayServerKeepalive is queries/relay_server_keepalive.sql.
+func RelayServerKeepalive(idleS, intervalS, count, userTimeoutMS int) Statement {
+	return relayServerKeepalive.with(idleS, intervalS, count, userTimeoutMS)
+}
+
+// RelayWatch is queries/relay_watch.sql.
+func RelayWatch() Statement {
+	return relayWatch.with()
 }
 
 // RelayClaim is queries/relay_claim.sql.
-func RelayClaim(batch int, token uuid.UUID, relay string, windowMS int64) Statement {
-	return relayClaim.with(batch, token, relay, windowMS)
+func RelayClaim(batch int, token uuid.UUID, relay string, windowMS int64, pid uint32) Statement {
+	return relayClaim.with(batch, token, relay, windowMS, int32(pid))
 }
 
 // RelayExpire is queries/relay_expire.sql.
@@ -174,8 +198,8 @@ func RelayMarkSent(ids []uuid.UUID) Statement {
 }
 
 // RelayLeaseAcquire is queries/relay_lease_acquire.sql.
-func RelayLeaseAcquire(relay string, leaseMS int64, n int) Statement {
-	return relayLeaseAcquire.with(relay, leaseMS, n)
+func RelayLeaseAcquire(relay string, leaseMS int64, n int, pid uint32) Statement {
+	return relayLeaseAcquire.with(relay, leaseMS, n, int32(pid))
 }
 
 // RelayLeaseLeave is queries/relay_lease_leave.sql.
@@ -189,8 +213,8 @@ func RelayLeaseRelease(relay string, slots []int) Statement {
 }
 
 // RelayLeaseRenew is queries/relay_lease_renew.sql.
-func RelayLeaseRenew(relay string, leaseMS int64, rotate bool) Statement {
-	return relayLeaseRenew.with(relay, leaseMS, rotate)
+func RelayLeaseRenew(relay string, leaseMS int64, rotate bool, pid uint32) Statement {
+	return relayLeaseRenew.with(relay, leaseMS, rotate, int32(pid))
 }
 
 // RelayLeaseShare is queries/relay_lease_share.sql.

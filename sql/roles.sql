@@ -37,3 +37,8 @@ GRANT DELETE ON outbox_messages TO outbox_admin;
 -- Partition leases (migration 0010), for relays with --ownership partitions.
 GRANT SELECT, UPDATE ON outbox_relay_partitions TO outbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay_members TO outbox_relay;
+
+-- Failover (migration 0012): relays find each other's LISTEN backends in
+-- outbox_live_relays and record the last one that said "busy".
+GRANT SELECT ON outbox_live_relays TO outbox_relay;
+GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_busy_pid TO outbox_relay;

@@ -91,6 +91,15 @@ CREATE FUNCTION public.outbox_relay_busy() RETURNS void
     SELECT setval('outbox_relay_idle', 0);
 $$;
 
+-- FUNCTION outbox_relay_busy(integer)
+
+CREATE FUNCTION public.outbox_relay_busy(relay_pid integer) RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT setval('outbox_relay_busy_pid', greatest(relay_pid, 0));
+    SELECT setval('outbox_relay_idle', 0);
+$$;
+
 -- FUNCTION outbox_relay_sleep()
 
 CREATE FUNCTION public.outbox_relay_sleep() RETURNS boolean
@@ -118,6 +127,16 @@ CREATE FUNCTION public.outbox_relay_slot(key text, slots integer) RETURNS intege
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int $$;
 
+-- VIEW outbox_live_relays
+
+CREATE VIEW public.outbox_live_relays AS
+ SELECT l.pid,
+    (l.objid)::integer AS ownership
+   FROM pg_locks l
+  WHERE ((l.locktype = 'advisory'::text) AND (l.database = ( SELECT pg_database.oid
+           FROM pg_database
+          WHERE (pg_database.datname = current_database()))) AND (l.classid = (1869903216)::oid) AND (l.objsubid = 2) AND l.granted);
+
 -- TABLE outbox_messages
 
 CREATE TABLE public.outbox_messages (
@@ -142,6 +161,7 @@ CREATE TABLE public.outbox_messages (
     dead boolean GENERATED ALWAYS AS ((status = 'dead'::text)) STORED,
     partition_key text,
     first_sent_at timestamp with time zone,
+    claimed_pid integer,
     CONSTRAINT outbox_messages_aggregate_id_set CHECK (((length(aggregate_id) >= 1) AND (length(aggregate_id) <= 200))),
     CONSTRAINT outbox_messages_aggregate_type_set CHECK ((aggregate_type ~ '^[A-Za-z0-9_.-]{1,100}$'::text)),
     CONSTRAINT outbox_messages_attempts_valid CHECK ((attempts >= 0)),
@@ -165,6 +185,16 @@ CREATE SEQUENCE public.outbox_messages_seq
 
 ALTER SEQUENCE public.outbox_messages_seq OWNED BY public.outbox_messages.seq;
 
+-- SEQUENCE outbox_relay_busy_pid
+
+CREATE SEQUENCE public.outbox_relay_busy_pid
+    AS integer
+    START WITH 0
+    INCREMENT BY 1
+    MINVALUE 0
+    NO MAXVALUE
+    CACHE 1;
+
 -- SEQUENCE outbox_relay_idle
 
 CREATE SEQUENCE public.outbox_relay_idle
@@ -179,7 +209,8 @@ CREATE SEQUENCE public.outbox_relay_idle
 
 CREATE TABLE public.outbox_relay_members (
     owner text NOT NULL,
-    seen_until timestamp with time zone NOT NULL
+    seen_until timestamp with time zone NOT NULL,
+    pid integer
 );
 
 -- TABLE outbox_relay_partitions
@@ -189,6 +220,7 @@ CREATE TABLE public.outbox_relay_partitions (
     owner text,
     token uuid,
     lease_until timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    owner_pid integer,
     CONSTRAINT outbox_relay_partitions_slot_check CHECK ((slot >= 0))
 );
 

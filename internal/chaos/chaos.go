@@ -279,6 +279,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	cancelMon()
 	r.verify(ctx, &res)
 	r.stranded(ctx, &res)
+	r.failover(ctx, &res)
 
 	r.mu.Lock()
 	res.Faults = slices.Clone(r.faults)

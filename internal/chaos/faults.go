@@ -211,17 +211,19 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 	switch f.kind {
 	case KillRelay, KillConsumer:
 		group := r.relays
+		rec.Group = "relay"
 		if f.kind == KillConsumer {
 			// Anti-fraud's consumers, or the ledger's (the inbox path).
-			group = r.consumers
+			group, rec.Group = r.consumers, "fraud"
 			if r.rng.IntN(3) == 0 {
-				group = r.ledgers
+				group, rec.Group = r.ledgers, "ledger"
 			}
 		}
 		targets := []*proc{group[r.rng.IntN(len(group))]}
 		if r.rng.IntN(4) == 0 {
 			targets = group
 		}
+		rec.Survivors = len(group) - len(targets)
 		flag := ""
 		if f.kind == KillRelay {
 			flag = r.idleFlag(ctx)

@@ -20,6 +20,10 @@ type FaultRecord struct {
 	// UnderLoad: settle was still producing TEDs when the fault began.
 	UnderLoad bool
 	Note      string
+	// Kills: Group is the kind of process killed (relay, fraud, ledger),
+	// Survivors how many of its group were left running (failover.go).
+	Group     string
+	Survivors int
 }
 
 // Result is what a run found.
@@ -52,6 +56,9 @@ type Result struct {
 	Ownership string
 	// NATS: the run was on NATS JetStream.
 	NATS bool
+	// Failover: what each kind of fault cost the events committed while it
+	// was in force (failover.go).
+	Failover []FailoverCost
 }
 
 // kinds is the fault kinds of the run's mode.

@@ -16,7 +16,7 @@ import (
 )
 
 // benchScenarios are the scenarios of 'outbox bench', in the order of -h.
-var benchScenarios = []string{"writers", "latency", "drain", "consume", "sustained"}
+var benchScenarios = []string{"writers", "latency", "drain", "consume", "sustained", "failover"}
 
 func runBench(ctx context.Context, e *env, args []string) error {
 	e.cmd = "bench"
@@ -76,6 +76,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		rate = fs.Float64("rate", 500, "TEDs per second (open-loop schedule)")
 		duration = fs.Duration("duration", 30*time.Second, "how long to settle at --rate")
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
+	case "failover":
+		rate = fs.Float64("rate", 100, "TEDs per second (open-loop schedule)")
+		duration = fs.Duration("duration", 20*time.Second, "how long to settle at --rate; the victim relay is killed a third of the way in")
 	}
 	var ownership *string
 	if scenario != "consume" {
@@ -192,6 +195,15 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	if ownership != nil {
 		env.Ownership = *ownership
 	}
+	// failover measures both ownerships unless --ownership names one.
+	ownerships := []string{env.Ownership}
+	if scenario == "failover" {
+		explicit := e.getenv("OUTBOX_RELAY_OWNERSHIP") != ""
+		fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "ownership" })
+		if !explicit {
+			ownerships = []string{relay.OwnRows, relay.OwnPartitions}
+		}
+	}
 
 	one := func(r bench.Result, err error) ([]bench.Result, error) { return []bench.Result{r}, err }
 	results, err := bench.Repeat(*runs, func() ([]bench.Result, error) {
@@ -204,6 +216,18 @@ func runBench(ctx context.Context, e *env, args []string) error {
 			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published))
 		case "consume":
 			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup, *effect))
+		case "failover":
+			var out []bench.Result
+			for _, o := range ownerships {
+				fenv := env
+				fenv.Ownership = o
+				r, err := bench.Failover(ctx, fenv, *rate, *duration)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, r)
+			}
+			return out, nil
 		default:
 			return one(bench.Sustained(ctx, env, *rate, *duration, *mode))
 		}

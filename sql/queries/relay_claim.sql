@@ -1,4 +1,7 @@
--- Claim up to @batch publishable rows for relay @relay with the fresh fencing token @token.
+-- Claim up to @batch publishable rows for relay @relay with the fresh fencing token @token;
+-- @pid is the relay's LISTEN backend (0: its LISTEN connection is down), so
+-- that the other relays take the claim over the moment that backend is gone
+-- (migration 0012) rather than when the lease runs out.
 --
 -- MATERIALIZED: the locking subquery runs exactly once, so LIMIT holds under
 -- concurrency (a plain IN (subquery) may be rescanned and lock more rows).
@@ -35,7 +38,8 @@ UPDATE outbox_messages o
    SET status = 'publishing',
        claimed_at = now(),
        claimed_by = @relay,
-       claim_token = @token
+       claim_token = @token,
+       claimed_pid = nullif(@pid::int, 0)
   FROM picked
  WHERE o.ctid = picked.tid
 RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,

@@ -1,5 +1,6 @@
 -- Lease up to @count slots that nobody holds, or whose lease ran out, to relay
--- @relay for @lease_ms milliseconds, each with a new fencing token. SKIP LOCKED: relays
+-- @relay for @lease_ms milliseconds, each with a new fencing token and the
+-- relay's LISTEN backend @pid (0: none; migration 0012). SKIP LOCKED: relays
 -- acquiring at the same moment take different slots.
 WITH free AS (
     SELECT slot
@@ -12,7 +13,8 @@ WITH free AS (
 UPDATE outbox_relay_partitions p
    SET owner = @relay,
        token = gen_random_uuid(),
-       lease_until = now() + @lease_ms * interval '1 millisecond'
+       lease_until = now() + @lease_ms * interval '1 millisecond',
+       owner_pid = nullif(@pid::int, 0)
   FROM free
  WHERE p.slot = free.slot
 RETURNING p.slot, p.token

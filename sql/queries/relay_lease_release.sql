@@ -3,6 +3,7 @@
 UPDATE outbox_relay_partitions
    SET owner = NULL,
        token = NULL,
+       owner_pid = NULL,
        lease_until = '-infinity'
  WHERE owner = @relay
    AND slot = ANY(@slots::int[])

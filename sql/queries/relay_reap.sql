@@ -1,5 +1,7 @@
 -- Return claims whose lease (@lease_ms milliseconds, measured on the database clock)
--- expired to pending, at most @batch rows. An expired lease counts as a failed
+-- expired to pending, and the claims of relays that died (their LISTEN
+-- backend, claimed_pid, no longer holds its lock: migration 0012), at most
+-- @batch rows. An expired lease counts as a failed
 -- attempt, so an event that keeps killing relays ends up dead after @max_attempts.
 -- Clearing claim_token fences the relay that held the claim.
 WITH expired AS MATERIALIZED (
@@ -7,7 +9,9 @@ WITH expired AS MATERIALIZED (
       FROM outbox_messages
      WHERE unpublished
        AND status = 'publishing'
-       AND claimed_at < now() - @lease_ms * interval '1 millisecond'
+       AND (claimed_at < now() - @lease_ms * interval '1 millisecond'
+            OR (claimed_pid IS NOT NULL
+                AND claimed_pid NOT IN (SELECT pid FROM outbox_live_relays)))
      ORDER BY seq
      LIMIT @batch
        FOR UPDATE SKIP LOCKED
@@ -15,8 +19,11 @@ WITH expired AS MATERIALIZED (
 UPDATE outbox_messages o
    SET status = CASE WHEN o.attempts + 1 >= @max_attempts THEN 'dead' ELSE 'pending' END,
        attempts = o.attempts + 1,
-       last_error = 'lease expired (claimed by ' || coalesce(o.claimed_by, 'unknown') || ')',
+       last_error = CASE WHEN o.claimed_at < now() - @lease_ms * interval '1 millisecond'
+                         THEN 'lease expired (claimed by ' || coalesce(o.claimed_by, 'unknown') || ')'
+                         ELSE 'relay died (claimed by ' || coalesce(o.claimed_by, 'unknown') || ')' END,
        claim_token = NULL,
+       claimed_pid = NULL,
        -- the claim may have been published before its relay died
        first_sent_at = coalesce(o.first_sent_at, o.claimed_at),
        next_attempt_at = now()

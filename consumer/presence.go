@@ -1,0 +1,187 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Presence: a consumer that dies is found by the others within a second,
+// not when its leases run out (PartitionLease).
+//
+// Each consumer keeps one connection of its own open to the Redis node of
+// the group's members key, named after its process token
+// (presenceName): Redis closes it the moment the process dies, and CLIENT
+// LIST on that node then no longer shows it. Every presenceEvery the others
+// look: a member whose connection is missing at two looks in a row is dead,
+// and the one that finds it ends its membership and gives its partition
+// leases and name back (bury), so that the partitions' new owners take them,
+// and the entries it read and never acknowledged (their takeover, work), at
+// once.
+//
+// What Redis cannot see still waits for the leases: a consumer that stalled
+// with its connections open, or whose link went half-open (until the
+// server's tcp-keepalive gives up on it). A consumer whose client cannot hold
+// a connection of its own (neither *redis.Client nor *redis.ClusterClient)
+// says so in its token (no presencePrefix) and is never taken for dead by
+// presence; one whose user may not run CLIENT LIST finds no one dead.
+
+// presenceEvery is how often a consumer looks for dead members (and renews
+// its membership).
+const presenceEvery = 250 * time.Millisecond
+
+// presencePrefix starts the process token of a consumer that keeps a
+// presence connection.
+const presencePrefix = "p-"
+
+// presenceName is the client name of the presence connection of the process
+// with token.
+func presenceName(token string) string { return "outbox-consumer-" + token }
+
+type presence struct {
+	c      *Consumer
+	conn   *redis.Conn   // the named connection; nil until opened
+	node   redis.Cmdable // where the members key lives: the connection and CLIENT LIST go there
+	absent map[string]int
+	denied bool // CLIENT LIST refused: look no more
+}
+
+// presenceCapable: rdb can hold a connection of its own.
+func presenceCapable(rdb redis.Cmdable) bool {
+	switch rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		return true
+	}
+	return false
+}
+
+// open (re)opens the named connection if it is not open and working.
+func (p *presence) open(ctx context.Context) error {
+	if !strings.HasPrefix(p.c.token, presencePrefix) {
+		return nil
+	}
+	if p.conn != nil {
+		if err := p.conn.Ping(ctx).Err(); err == nil {
+			return nil
+		}
+		_ = p.conn.Close()
+		p.conn = nil
+	}
+	var client *redis.Client
+	switch rdb := p.c.rdb.(type) {
+	case *redis.Client:
+		client = rdb
+	case *redis.ClusterClient:
+		var err error
+		if client, err = rdb.MasterForKey(ctx, p.c.keys.Members(p.c.cfg.Group)); err != nil {
+			return err
+		}
+	}
+	conn := client.EphemeralConn()
+	if err := conn.ClientSetName(ctx, presenceName(p.c.token)).Err(); err != nil {
+		_ = conn.Close()
+		return err
+	}
+	p.conn, p.node = conn, client
+	return nil
+}
+
+func (p *presence) close() {
+	if p.conn != nil {
+		_ = p.conn.Close()
+		p.conn = nil
+	}
+}
+
+// look finds the members (other than this consumer) that are dead and buries
+// them; it reports whether it buried any.
+func (p *presence) look(ctx context.Context, members []string) bool {
+	if p.denied || p.node == nil || len(members) < 2 {
+		return false
+	}
+	list, err := p.node.ClientList(ctx).Result()
+	if err != nil {
+		if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
+			p.denied = true
+			p.c.log.Warn("CLIENT LIST is refused: a dead consumer's partitions move only when its leases run out",
+				slog.Any("error", err), slog.Duration("partition_lease", p.c.cfg.PartitionLease))
+		}
+		return false
+	}
+	connected := map[string]bool{}
+	for line := range strings.SplitSeq(list, "\n") {
+		for field := range strings.FieldsSeq(line) {
+			if name, ok := strings.CutPrefix(field, "name="); ok && name != "" {
+				connected[name] = true
+			}
+		}
+	}
+	buried := false
+	seen := map[string]bool{}
+	for _, m := range members {
+		if m == p.c.cfg.Consumer {
+			continue
+		}
+		seen[m] = true
+		token, err := p.c.rdb.Get(ctx, p.c.keys.Consumer(p.c.cfg.Group, m)).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			// No name lease: it stopped (or its lease ran out). Its
+			// membership runs out by itself.
+			delete(p.absent, m)
+			continue
+		case err != nil:
+			return buried
+		case !strings.HasPrefix(token, presencePrefix) || connected[presenceName(token)]:
+			delete(p.absent, m)
+			continue
+		}
+		// A reconnecting presence connection is missing for a moment:
+		// dead only when missing twice in a row.
+		if p.absent[m]++; p.absent[m] < 2 {
+			continue
+		}
+		delete(p.absent, m)
+		if p.bury(ctx, m, token) {
+			buried = true
+		}
+	}
+	for m := range p.absent {
+		if !seen[m] {
+			delete(p.absent, m)
+		}
+	}
+	return buried
+}
+
+// bury ends dead member m's membership (its process token token) and gives
+// back its partition leases and its name; it reports whether it did.
+func (p *presence) bury(ctx context.Context, m, token string) bool {
+	c := p.c
+	holder := m + "|" + token
+	freed := 0
+	for _, pt := range c.parts {
+		key := pt.keys.Lease(c.cfg.Group)
+		v, err := c.rdb.Get(ctx, key).Result()
+		if err != nil {
+			continue
+		}
+		if _, held, ok := strings.Cut(v, "|"); ok && held == holder {
+			if n, err := releaseScript.Run(ctx, c.rdb, []string{key}, v).Int(); err == nil && n > 0 {
+				freed++
+			}
+		}
+	}
+	if err := c.rdb.ZRem(ctx, c.keys.Members(c.cfg.Group), m).Err(); err != nil {
+		return false
+	}
+	_ = releaseScript.Run(ctx, c.rdb, []string{c.keys.Consumer(c.cfg.Group, m)}, token).Err()
+	c.log.Warn("consumer died (its connection to Redis is gone): its partitions move now",
+		slog.String("dead", m), slog.Int("leases_freed", freed))
+	c.cfg.Metrics.takeover()
+	return true
+}

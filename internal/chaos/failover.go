@@ -1,0 +1,152 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Failover: what each fault cost the events committed while it was in
+// force, as the slowest commit → stream delay (the relays' part) and the
+// slowest commit → effect delay (anti-fraud's, from its audit streams, whose
+// entry ids say when each effect was applied).
+//
+// An event counts for a fault when it committed in [Start-failoverBefore,
+// End+failoverAfter] (the second before a kill: the batch a killed relay or
+// consumer held) and in no other fault's window (stranded.go's
+// [Start, Back]). The run fails when a kill that left a survivor in its
+// group cost more than the failover bounds: a relay's death, maxRelayFailover
+// from commit to stream; an anti-fraud consumer's, maxConsumerFailover from
+// commit to effect. Kills of a whole group wait for the supervisor's restart
+// and are reported, not bounded; so are the ledger's (its flaky accounts hold
+// postings back for seconds on purpose) and every other kind of fault.
+const (
+	failoverBefore      = time.Second
+	failoverAfter       = time.Second
+	maxRelayFailover    = 2 * time.Second
+	maxConsumerFailover = 3 * time.Second
+)
+
+// FailoverCost is what the faults of one kind cost (Result.Failover).
+type FailoverCost struct {
+	Kind   string
+	Faults int
+	// Stream and Effect are the slowest commit → stream and commit → effect
+	// delays among the events those faults touched; StreamEvent and
+	// EffectEvent the events, StreamFault and EffectFault the faults (1-based).
+	Stream, Effect           time.Duration
+	StreamEvent, EffectEvent string
+	StreamFault, EffectFault int
+}
+
+func (c FailoverCost) String() string {
+	return fmt.Sprintf("%s: %d faults, slowest commit→stream %s (event %s, fault #%d), commit→effect %s (event %s, fault #%d)",
+		c.Kind, c.Faults, c.Stream.Truncate(time.Millisecond), c.StreamEvent, c.StreamFault,
+		c.Effect.Truncate(time.Millisecond), c.EffectEvent, c.EffectFault)
+}
+
+// failover fills res.Failover and checks the kills' bounds. It runs after
+// stranded, which set every fault's Back.
+func (r *run) failover(ctx context.Context, res *Result) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	events, err := r.eventTimings(ctx)
+	if err != nil {
+		r.problem("failover analysis: read events: %v", err)
+		return
+	}
+	effects, err := r.effectTimes(ctx)
+	if err != nil {
+		r.problem("failover analysis: read the audit streams: %v", err)
+		return
+	}
+	r.mu.Lock()
+	faults := slices.Clone(r.faults)
+	r.mu.Unlock()
+	costs := map[string]*FailoverCost{}
+	var order []string
+	for i, f := range faults {
+		c := costs[f.Kind]
+		if c == nil {
+			c = &FailoverCost{Kind: f.Kind}
+			costs[f.Kind] = c
+			order = append(order, f.Kind)
+		}
+		c.Faults++
+		from, to := f.Start.Add(-failoverBefore), f.End.Add(failoverAfter)
+		var stream, effect time.Duration
+		var streamEv, effectEv string
+		for _, e := range events {
+			if e.Commit.Before(from) || !e.Commit.Before(to) || inOtherWindow(faults, i, e.Commit) {
+				continue
+			}
+			if d := e.delay(); d > stream {
+				stream, streamEv = d, e.ID
+			}
+			if at, ok := effects[e.ID]; ok {
+				if d := at.Sub(e.Commit); d > effect {
+					effect, effectEv = d, e.ID
+				}
+			}
+		}
+		if stream > c.Stream {
+			c.Stream, c.StreamEvent, c.StreamFault = stream, streamEv, i+1
+		}
+		if effect > c.Effect {
+			c.Effect, c.EffectEvent, c.EffectFault = effect, effectEv, i+1
+		}
+		switch {
+		case f.Survivors == 0:
+		case f.Kind == KillRelay && stream > maxRelayFailover:
+			r.problem("fault #%d %s %s cost event %s %s from commit to stream: more than a relay's failover bound %s",
+				i+1, f.Kind, f.Detail, streamEv, stream.Truncate(time.Millisecond), maxRelayFailover)
+		case f.Kind == KillConsumer && f.Group == "fraud" && effect > maxConsumerFailover:
+			r.problem("fault #%d %s %s cost event %s %s from commit to effect: more than a consumer's failover bound %s",
+				i+1, f.Kind, f.Detail, effectEv, effect.Truncate(time.Millisecond), maxConsumerFailover)
+		}
+	}
+	for _, k := range order {
+		res.Failover = append(res.Failover, *costs[k])
+		r.detail("failover %s", costs[k])
+	}
+}
+
+// inOtherWindow: t is inside the window [Start, Back] of a fault other than
+// the i-th.
+func inOtherWindow(faults []FaultRecord, i int, t time.Time) bool {
+	for j, f := range faults {
+		if j != i && !t.Before(f.Start) && !t.After(maxTime(f.Back, f.End)) {
+			return true
+		}
+	}
+	return false
+}
+
+// effectTimes reads when anti-fraud applied each event: the time of its
+// first entry in the audit streams.
+func (r *run) effectTimes(ctx context.Context) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	for _, k := range r.fraudKeys().Each() {
+		start := "-"
+		for {
+			msgs, err := r.rdb.XRangeN(ctx, k.Audit(), start, "+", 1000).Result()
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range msgs {
+				id, _ := m.Values["event_id"].(string)
+				if at, ok := entryTime(m.ID); ok && id != "" {
+					if prev, seen := out[id]; !seen || at.Before(prev) {
+						out[id] = at
+					}
+				}
+			}
+			if len(msgs) < 1000 {
+				break
+			}
+			start = "(" + msgs[len(msgs)-1].ID
+		}
+	}
+	return out, nil
+}
