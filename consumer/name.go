@@ -54,6 +54,11 @@ func (c *Consumer) ensureNameFree(ctx context.Context) error {
 			return fmt.Errorf("read the consumer name's lease %s: %w", key, errors.Join(verr, terr))
 		case ttl < 0:
 			return inUse() // no expiry: not a lease a crash could leave behind
+		case v != c.token && c.holderGone(ctx, v):
+			// Its process is dead (its presence connection is gone):
+			// take the name now rather than when the lease runs out.
+			_ = releaseScript.Run(ctx, c.rdb, []string{key}, v).Err()
+			continue
 		case holder != "" && (v != holder || ttl > left+50*time.Millisecond):
 			return inUse() // renewed or taken over meanwhile: a live consumer
 		}

@@ -179,6 +179,15 @@ func (c *Consumer) own(ctx context.Context) error {
 				return nil
 			case <-fast.C:
 			}
+			// A partition this consumer wants but does not hold yet (its
+			// previous owner is handing it over) is tried again at once
+			// too, not at the next renewal.
+			if len(workers) < len(want) {
+				break
+			}
+			// Reopened within a tick if Redis dropped it, so that the
+			// others do not take this consumer for dead.
+			_ = pres.open(ctx)
 			members, err := c.members(ctx)
 			if err != nil {
 				break // the full pass logs it

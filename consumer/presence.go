@@ -71,15 +71,9 @@ func (p *presence) open(ctx context.Context) error {
 		_ = p.conn.Close()
 		p.conn = nil
 	}
-	var client *redis.Client
-	switch rdb := p.c.rdb.(type) {
-	case *redis.Client:
-		client = rdb
-	case *redis.ClusterClient:
-		var err error
-		if client, err = rdb.MasterForKey(ctx, p.c.keys.Members(p.c.cfg.Group)); err != nil {
-			return err
-		}
+	client, err := p.c.membersNode(ctx)
+	if err != nil {
+		return err
 	}
 	conn := client.EphemeralConn()
 	if err := conn.ClientSetName(ctx, presenceName(p.c.token)).Err(); err != nil {
@@ -88,6 +82,66 @@ func (p *presence) open(ctx context.Context) error {
 	}
 	p.conn, p.node = conn, client
 	return nil
+}
+
+// membersNode is the client of the Redis node of the group's members key
+// (rdb must be presence-capable).
+func (c *Consumer) membersNode(ctx context.Context) (*redis.Client, error) {
+	switch rdb := c.rdb.(type) {
+	case *redis.Client:
+		return rdb, nil
+	case *redis.ClusterClient:
+		return rdb.MasterForKey(ctx, c.keys.Members(c.cfg.Group))
+	}
+	return nil, errors.New("no presence with this Redis client")
+}
+
+// connectedNames returns the client names connected to node.
+func connectedNames(ctx context.Context, node redis.Cmdable) (map[string]bool, error) {
+	list, err := node.ClientList(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	connected := map[string]bool{}
+	for line := range strings.SplitSeq(list, "\n") {
+		for field := range strings.FieldsSeq(line) {
+			if name, ok := strings.CutPrefix(field, "name="); ok && name != "" {
+				connected[name] = true
+			}
+		}
+	}
+	return connected, nil
+}
+
+// holderGone reports whether the process with token, which holds this
+// consumer's name, is dead: it keeps a presence connection (its token says
+// so) and that connection was missing at two looks presenceEvery apart. A
+// consumer restarted under its name then takes the name at once instead of
+// waiting for the dead one's lease to run out.
+func (c *Consumer) holderGone(ctx context.Context, token string) bool {
+	if !strings.HasPrefix(token, presencePrefix) || !presenceCapable(c.rdb) {
+		return false
+	}
+	node, err := c.membersNode(ctx)
+	if err != nil {
+		return false
+	}
+	for look := 0; look < 2; look++ {
+		if look > 0 {
+			t := time.NewTimer(presenceEvery)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return false
+			case <-t.C:
+			}
+		}
+		connected, err := connectedNames(ctx, node)
+		if err != nil || connected[presenceName(token)] {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *presence) close() {
@@ -103,7 +157,7 @@ func (p *presence) look(ctx context.Context, members []string) bool {
 	if p.denied || p.node == nil || len(members) < 2 {
 		return false
 	}
-	list, err := p.node.ClientList(ctx).Result()
+	connected, err := connectedNames(ctx, p.node)
 	if err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
 			p.denied = true
@@ -111,14 +165,6 @@ func (p *presence) look(ctx context.Context, members []string) bool {
 				slog.Any("error", err), slog.Duration("partition_lease", p.c.cfg.PartitionLease))
 		}
 		return false
-	}
-	connected := map[string]bool{}
-	for line := range strings.SplitSeq(list, "\n") {
-		for field := range strings.FieldsSeq(line) {
-			if name, ok := strings.CutPrefix(field, "name="); ok && name != "" {
-				connected[name] = true
-			}
-		}
 	}
 	buried := false
 	seen := map[string]bool{}

@@ -129,9 +129,10 @@ var Failpoints = []string{"relay.after-claim", "relay.after-xadd", "fraud.after-
 //
 // The relays poll at the default interval (5s), as in production: a shorter
 // poll would hide events that wait for it instead of being woken (stranded
-// events, stranded.go). It also means a half-open LISTEN connection is found
-// only after four quiet polls and a ping (about 25s); the poll delivers
-// meanwhile, and the stranded analysis counts that time as the fault's.
+// events, stranded.go). A half-open LISTEN connection is found by the
+// relay's watch (a round trip every 250ms that must answer within 2s); the
+// poll delivers meanwhile, and the stranded analysis counts that time as the
+// fault's (its bound, backLimit, still allows the older ping's 25s).
 // Debug logs: the analysis reads when each relay's LISTEN is up ("listening").
 //
 // Two partitions on a single Redis: each of the two consumers owns one, so a

@@ -18,7 +18,10 @@ import (
 // [Start, Back]). The run fails when a kill that left a survivor in its
 // group cost more than the failover bounds: a relay's death, maxRelayFailover
 // from commit to stream; an anti-fraud consumer's, maxConsumerFailover from
-// commit to effect. Kills of a whole group wait for the supervisor's restart
+// commit to effect beyond what calm phases cost (the 99th percentile of
+// commit → effect among the events committed in no fault's window: under
+// the suite's load on two cores, anti-fraud alone lags by a second or two
+// now and then, and that is not the kill's). Kills of a whole group wait for the supervisor's restart
 // and are reported, not bounded; so are the ledger's (its flaky accounts hold
 // postings back for seconds on purpose) and every other kind of fault.
 const (
@@ -64,6 +67,20 @@ func (r *run) failover(ctx context.Context, res *Result) {
 	r.mu.Lock()
 	faults := slices.Clone(r.faults)
 	r.mu.Unlock()
+	var calm []time.Duration
+	for _, e := range events {
+		if at, ok := effects[e.ID]; ok && !inOtherWindow(faults, -1, e.Commit) {
+			calm = append(calm, at.Sub(e.Commit))
+		}
+	}
+	slices.Sort(calm)
+	var calmP99 time.Duration
+	if len(calm) > 0 {
+		calmP99 = calm[min(len(calm)-1, len(calm)*99/100)]
+		r.detail("failover baseline: commit → effect in calm phases, %d events: p50 %s, p99 %s, max %s", len(calm),
+			calm[len(calm)/2].Truncate(time.Millisecond), calmP99.Truncate(time.Millisecond), calm[len(calm)-1].Truncate(time.Millisecond))
+	}
+	res.CalmEffectP99 = calmP99
 	costs := map[string]*FailoverCost{}
 	var order []string
 	for i, f := range faults {
@@ -101,9 +118,9 @@ func (r *run) failover(ctx context.Context, res *Result) {
 		case f.Kind == KillRelay && stream > maxRelayFailover:
 			r.problem("fault #%d %s %s cost event %s %s from commit to stream: more than a relay's failover bound %s",
 				i+1, f.Kind, f.Detail, streamEv, stream.Truncate(time.Millisecond), maxRelayFailover)
-		case f.Kind == KillConsumer && f.Group == "fraud" && effect > maxConsumerFailover:
-			r.problem("fault #%d %s %s cost event %s %s from commit to effect: more than a consumer's failover bound %s",
-				i+1, f.Kind, f.Detail, effectEv, effect.Truncate(time.Millisecond), maxConsumerFailover)
+		case f.Kind == KillConsumer && f.Group == "fraud" && effect > maxConsumerFailover+calmP99:
+			r.problem("fault #%d %s %s cost event %s %s from commit to effect: more than a consumer's failover bound %s beyond the calm phases' p99 %s",
+				i+1, f.Kind, f.Detail, effectEv, effect.Truncate(time.Millisecond), maxConsumerFailover, calmP99.Truncate(time.Millisecond))
 		}
 	}
 	for _, k := range order {

@@ -30,6 +30,10 @@ var (
 	natsBlackholeTargets = []string{"pg", "nats", "redis"}
 )
 
+// killOne: a kill of one relay, or of one anti-fraud consumer, that leaves
+// the others of its group running (the failover measured in failover.go).
+const killOne = "one"
+
 // mandatory is the faults every run injects: two busy errors and two
 // rolling deploys first (they only matter while events flow), then each fail
 // point, then every other kind and variant in a random order. On a cluster,
@@ -53,6 +57,9 @@ func (r *run) mandatory() []planned {
 		if !r.cfg.Short {
 			first = append(first, planned{MasterKill, "lagging"}, planned{Reshard, ""}, planned{ConsumerJoin, ""})
 		}
+		// The measured failovers too: the load ends before the traffic
+		// faults come on a cluster.
+		first = append(first, planned{KillRelay, killOne}, planned{KillConsumer, killOne})
 		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}}
 	}
@@ -85,15 +92,19 @@ func (r *run) mandatory() []planned {
 	r.rng.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
 	// The busy errors and the deploys need events flowing: first, then the
 	// fail points (which need some traffic too).
-	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""}}
+	// So do the measured failovers (failover.go): one relay and one
+	// anti-fraud consumer killed while the others run.
+	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""},
+		{KillRelay, killOne}, {KillConsumer, killOne}}
 	if r.cfg.NATS { // the busy error is Redis's, which the relays do not use
-		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}}
+		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}, {KillRelay, killOne}, {KillConsumer, killOne}}
 	}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
 	switch {
 	case r.cfg.Cluster:
 		// The fail points right after the cluster's faults, while the
 		// load still runs (on a single Redis the load outlasts them all).
+		traffic = slices.DeleteFunc(traffic, func(f planned) bool { return f.variant == killOne })
 		return slices.Concat(first, fps, traffic, rest)
 	case r.cfg.NATS:
 		return slices.Concat(first, traffic, fps, rest)
@@ -215,12 +226,12 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		if f.kind == KillConsumer {
 			// Anti-fraud's consumers, or the ledger's (the inbox path).
 			group, rec.Group = r.consumers, "fraud"
-			if r.rng.IntN(3) == 0 {
+			if f.variant != killOne && r.rng.IntN(3) == 0 {
 				group, rec.Group = r.ledgers, "ledger"
 			}
 		}
 		targets := []*proc{group[r.rng.IntN(len(group))]}
-		if r.rng.IntN(4) == 0 {
+		if f.variant != killOne && r.rng.IntN(4) == 0 {
 			targets = group
 		}
 		rec.Survivors = len(group) - len(targets)

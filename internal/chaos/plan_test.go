@@ -11,8 +11,9 @@ import (
 )
 
 // Every run, short or not, injects every kind of fault and every fail point,
-// with the busy errors, rolling deploys and fail points first (they only
-// matter while events flow).
+// with the busy errors, rolling deploys, the measured failovers (one relay,
+// one consumer killed) and fail points first (they only matter while events
+// flow).
 func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
 	for _, short := range []bool{true, false} {
 		r := &run{cfg: Config{Short: short}, rng: rand.New(rand.NewPCG(7, 7))}
@@ -24,8 +25,9 @@ func TestMandatoryFaultsCoverEveryKind(t *testing.T) {
 			if f.kind == Failpoint {
 				fps = append(fps, f.variant)
 			}
-			early := f.kind == Failpoint || f.kind == BusyError || f.kind == RollingDeploy
-			if first := len(Failpoints) + 4; early && i >= first {
+			killOne := (f.kind == KillRelay || f.kind == KillConsumer) && f.variant == killOne
+			early := f.kind == Failpoint || f.kind == BusyError || f.kind == RollingDeploy || killOne
+			if first := len(Failpoints) + 6; early && i >= first {
 				t.Errorf("short=%v: %s %s at position %d, after other faults", short, f.kind, f.variant, i)
 			}
 		}

@@ -59,6 +59,9 @@ type Result struct {
 	// Failover: what each kind of fault cost the events committed while it
 	// was in force (failover.go).
 	Failover []FailoverCost
+	// CalmEffectP99: commit → effect in calm phases, the failover bound's
+	// baseline.
+	CalmEffectP99 time.Duration
 }
 
 // kinds is the fault kinds of the run's mode.
