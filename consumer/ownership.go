@@ -76,6 +76,12 @@ type worker struct {
 // errNameTaken, having stopped its workers, when another process took this
 // consumer's name (renewName).
 func (c *Consumer) own(ctx context.Context) error {
+	// The presence connection says this consumer lives: it closes last,
+	// once the workers have finished their batches and given their
+	// partitions back (defers run in reverse), so that the others do not
+	// take a stopping consumer for dead.
+	pres := &presence{c: c, absent: map[string]time.Time{}}
+	defer pres.close()
 	workers := map[int]*worker{}
 	stop := func(p int, release bool) {
 		w := workers[p]
@@ -116,8 +122,6 @@ func (c *Consumer) own(ctx context.Context) error {
 	renewEvery := min(c.cfg.PartitionLease/4, c.nameLeaseTTL()/3)
 	fast := time.NewTicker(min(presenceEvery, renewEvery))
 	defer fast.Stop()
-	pres := &presence{c: c, absent: map[string]int{}}
-	defer pres.close()
 	var want []int
 	var lastMembers []string
 	for {
@@ -179,20 +183,21 @@ func (c *Consumer) own(ctx context.Context) error {
 				return nil
 			case <-fast.C:
 			}
-			// A partition this consumer wants but does not hold yet (its
-			// previous owner is handing it over) is tried again at once
-			// too, not at the next renewal.
-			if len(workers) < len(want) {
-				break
-			}
-			// Reopened within a tick if Redis dropped it, so that the
-			// others do not take this consumer for dead.
+			// Reopened within a tick if Redis dropped it (or the members
+			// key moved to another node), so that the others do not take
+			// this consumer for dead.
 			_ = pres.open(ctx)
 			members, err := c.members(ctx)
 			if err != nil {
 				break // the full pass logs it
 			}
 			if pres.look(ctx, members) || !slices.Equal(members, lastMembers) {
+				break
+			}
+			// A partition this consumer wants but does not hold yet (its
+			// previous owner is handing it over) is tried again at once
+			// too, not at the next renewal.
+			if len(workers) < len(want) {
 				break
 			}
 		}

@@ -17,7 +17,8 @@ import (
 // the group's members key, named after its process token
 // (presenceName): Redis closes it the moment the process dies, and CLIENT
 // LIST on that node then no longer shows it. Every presenceEvery the others
-// look: a member whose connection is missing at two looks in a row is dead,
+// look: a member whose connection is still missing presenceEvery after a
+// look first missed it is dead,
 // and the one that finds it ends its membership and gives its partition
 // leases and name back (bury), so that the partitions' new owners take them,
 // and the entries it read and never acknowledged (their takeover, work), at
@@ -44,10 +45,10 @@ func presenceName(token string) string { return "outbox-consumer-" + token }
 
 type presence struct {
 	c      *Consumer
-	conn   *redis.Conn   // the named connection; nil until opened
-	node   redis.Cmdable // where the members key lives: the connection and CLIENT LIST go there
-	absent map[string]int
-	denied bool // CLIENT LIST refused: look no more
+	conn   *redis.Conn          // the named connection; nil until opened
+	node   *redis.Client        // where the members key lives: the connection and CLIENT LIST go there
+	absent map[string]time.Time // members found missing, since when
+	denied bool                 // CLIENT LIST refused: look no more
 }
 
 // presenceCapable: rdb can hold a connection of its own.
@@ -64,16 +65,20 @@ func (p *presence) open(ctx context.Context) error {
 	if !strings.HasPrefix(p.c.token, presencePrefix) {
 		return nil
 	}
-	if p.conn != nil {
-		if err := p.conn.Ping(ctx).Err(); err == nil {
-			return nil
-		}
-		_ = p.conn.Close()
-		p.conn = nil
-	}
 	client, err := p.c.membersNode(ctx)
 	if err != nil {
 		return err
+	}
+	if p.conn != nil {
+		// Still on the members key's node (a cluster may have moved it)
+		// and answering: nothing to do.
+		if client == p.node {
+			if err := p.conn.Ping(ctx).Err(); err == nil {
+				return nil
+			}
+		}
+		_ = p.conn.Close()
+		p.conn, p.node = nil, nil
 	}
 	conn := client.EphemeralConn()
 	if err := conn.ClientSetName(ctx, presenceName(p.c.token)).Err(); err != nil {
@@ -187,8 +192,14 @@ func (p *presence) look(ctx context.Context, members []string) bool {
 			continue
 		}
 		// A reconnecting presence connection is missing for a moment:
-		// dead only when missing twice in a row.
-		if p.absent[m]++; p.absent[m] < 2 {
+		// dead only when still missing presenceEvery after it was first
+		// found missing.
+		since, seenBefore := p.absent[m]
+		if !seenBefore {
+			p.absent[m] = time.Now()
+			continue
+		}
+		if time.Since(since) < presenceEvery {
 			continue
 		}
 		delete(p.absent, m)

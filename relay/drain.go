@@ -127,7 +127,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 				r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.brokerFailures))
 			}
 			r.brokerFailures, r.brokerDownUntil = 0, time.Time{} // Redis took this batch
-			if nonEmpty++; r.state != saidBusy && nonEmpty >= 2 {
+			// "Busy" is said only with a LISTEN backend to say it as: the
+			// other relays take it back if that backend goes.
+			if nonEmpty++; r.state != saidBusy && nonEmpty >= 2 && r.listenPID.Load() != 0 {
 				op = flagBusy
 			}
 			if r.state == saidBusy && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {

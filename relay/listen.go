@@ -121,6 +121,19 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	if err != nil {
 		return fmt.Errorf("register the relay: %w", err)
 	}
+	if len(r.pastPIDs) > 0 {
+		// This relay's claims made under its earlier LISTEN connections are
+		// its own still: stamp them with the new pid before the other
+		// relays (or this one) take them for a dead relay's.
+		st := outboxsql.RelayRestamp(r.pastPIDs)
+		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+		_, err := conn.Exec(sctx, st.SQL, st.Args...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("restamp the relay's claims: %w", err)
+		}
+	}
+	r.pastPIDs = append(r.pastPIDs[max(len(r.pastPIDs)-15, 0):], pid)
 	r.listenPID.Store(uint32(pid))
 	defer r.listenPID.Store(0)
 	r.listenAttempted()

@@ -135,9 +135,14 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 			}
 		}
 	}
-	if what&watchSilenced != 0 {
+	if what&watchSilenced != 0 && r.wakingWriters.CompareAndSwap(false, true) {
+		// On its own goroutine: the wait for writers (up to exitWait) must
+		// not hold up the next takeover.
 		r.log.Warn("writers are silent because of a relay that is gone (it said \"busy\" and died): telling them to notify again")
-		r.wakeWriters(ctx)
+		go func() {
+			defer r.wakingWriters.Store(false)
+			r.wakeWriters(ctx)
+		}()
 	}
 }
 

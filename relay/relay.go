@@ -110,6 +110,12 @@ type Relay struct {
 	// (reap.go); buryWhat says what the watch saw.
 	buryNow  chan struct{}
 	buryWhat atomic.Uint32
+	// wakingWriters: a goroutine says "sleep" for a dead relay (reap.go).
+	wakingWriters atomic.Bool
+	// pastPIDs are the pids of this process's earlier LISTEN connections
+	// (owned by the listener): its claims under them are stamped with the
+	// new one when the connection comes back.
+	pastPIDs []int32
 	// listenTried is closed once the first LISTEN connection is up, or its
 	// attempt failed: the first drain waits for it (firstListenWait at
 	// most), so that its claims and slots carry the LISTEN backend's pid.
@@ -240,7 +246,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { r.listenLoop(ctx) })
+	// The LISTEN connection holds this relay's liveness: it stays up until
+	// the drainer has finished (or released) its batch in flight and given
+	// its slots back, so that the other relays do not take a stopping
+	// relay for dead and publish its batch a second time.
+	lctx, lcancel := context.WithCancel(context.WithoutCancel(ctx))
+	var lwg sync.WaitGroup
+	lwg.Go(func() {
+		defer cancel(nil) // the listener stopped the relay (ErrMixedOwnership)
+		r.listenLoop(lctx)
+	})
 	wg.Go(func() { r.reapLoop(ctx) })
 	if t, ok := r.rdb.(Trimmer); ok && (r.cfg.StreamMaxLen > 0 || r.cfg.StreamRetention > 0) {
 		wg.Go(func() { r.trimLoop(ctx, t) })
@@ -248,6 +263,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.drainLoop(ctx)
 	cancel(nil)
 	wg.Wait()
+	lcancel()
+	lwg.Wait()
 	r.log.Info("relay stopped", slog.Int64("published", r.stats.published.Load()))
 	if err := context.Cause(ctx); errors.Is(err, ErrMixedOwnership) {
 		return err

@@ -55,6 +55,7 @@ var (
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
 	relayRegister            = prepare("relay_register", "relay", "lease_ms")
+	relayRestamp             = prepare("relay_restamp", "past_pids")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
 	relayMarkSent            = prepare("relay_mark_sent", "ids")
 	relayServerKeepalive     = prepare("relay_server_keepalive", "idle_s", "interval_s", "count", "user_timeout_ms")
@@ -175,6 +176,11 @@ func RelayRegister(relay string, leaseMS int64) Statement {
 // RelayServerKeepalive is queries/relay_server_keepalive.sql.
 func RelayServerKeepalive(idleS, intervalS, count, userTimeoutMS int) Statement {
 	return relayServerKeepalive.with(idleS, intervalS, count, userTimeoutMS)
+}
+
+// RelayRestamp is queries/relay_restamp.sql.
+func RelayRestamp(pastPIDs []int32) Statement {
+	return relayRestamp.with(pastPIDs)
 }
 
 // RelayWatch is queries/relay_watch.sql.

@@ -19,7 +19,8 @@ import (
 // group cost more than the failover bounds: a relay's death, maxRelayFailover
 // from commit to stream; an anti-fraud consumer's, maxConsumerFailover from
 // commit to effect beyond what calm phases cost (the 99th percentile of
-// commit → effect among the events committed in no fault's window: under
+// commit → effect among the events committed in no fault's window,
+// consumersCalm: under
 // the suite's load on two cores, anti-fraud alone lags by a second or two
 // now and then, and that is not the kill's). Kills of a whole group wait for the supervisor's restart
 // and are reported, not bounded; so are the ledger's (its flaky accounts hold
@@ -69,7 +70,7 @@ func (r *run) failover(ctx context.Context, res *Result) {
 	r.mu.Unlock()
 	var calm []time.Duration
 	for _, e := range events {
-		if at, ok := effects[e.ID]; ok && !inOtherWindow(faults, -1, e.Commit) {
+		if at, ok := effects[e.ID]; ok && consumersCalm(faults, e.Commit) {
 			calm = append(calm, at.Sub(e.Commit))
 		}
 	}
@@ -127,6 +128,24 @@ func (r *run) failover(ctx context.Context, res *Result) {
 		res.Failover = append(res.Failover, *costs[k])
 		r.detail("failover %s", costs[k])
 	}
+}
+
+// consumersCalm: t is outside every fault's window as the consumers live it:
+// from a second before its Start until a second after the pipeline caught
+// up (End + Recovery, every TED committed by End judged) or the relays were
+// back, whichever is later. (The relays' windows alone end while a consumer
+// may still wait out a read deadline after a Redis fault.)
+func consumersCalm(faults []FaultRecord, t time.Time) bool {
+	for _, f := range faults {
+		end := maxTime(f.Back, f.End.Add(max(f.Recovery, 0)))
+		if f.Recovery < 0 {
+			end = forever
+		}
+		if !t.Before(f.Start.Add(-failoverBefore)) && t.Before(end.Add(failoverAfter)) {
+			return false
+		}
+	}
+	return true
 }
 
 // inOtherWindow: t is inside the window [Start, Back] of a fault other than
