@@ -1,10 +1,13 @@
 package relay_test
 
 import (
+	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,7 +83,27 @@ func TestClaimOfARelayWhoseListenBackendWentIsTakenOverAndFenced(t *testing.T) {
 	f := newFixture(t)
 	teds := f.Settle(10)
 	stall := relaytest.NewStallingRedis(f.Redis.Client)
-	poolA := f.PoolWith(map[string]string{"application_name": "relay-a"})
+	// relay-a's dials fail while its LISTEN connection is cut: a relay that
+	// reconnects within the watch's quarter second restamps its claims and
+	// keeps them (it is alive), which is not the case under test.
+	var cutOff atomic.Bool
+	cfg, err := pgxpool.ParseConfig(f.DBURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dialer := &net.Dialer{Timeout: 2 * time.Second}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if cutOff.Load() {
+			return nil, errors.New("relay-a is cut off")
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "relay-a"
+	poolA, err := pgxpool.NewWithConfig(f.Ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(poolA.Close)
 	a, err := relay.New(poolA, stall, f.RowsRelayConfig("relay-a"))
 	if err != nil {
 		t.Fatal(err)
@@ -93,12 +116,14 @@ func TestClaimOfARelayWhoseListenBackendWentIsTakenOverAndFenced(t *testing.T) {
 	b := f.NewRelay(f.RowsRelayConfig("relay-b"), nil)
 	f.Run(b.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return b.Stats().ListenUp }, "relay-b not listening")
+	cutOff.Store(true)
 	f.Exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'relay-a-listen'")
 	cut := time.Now()
 	outboxtest.Eventually(t, takeoverBound, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == len(teds)
 	}, "relay-a's claim was not taken over")
 	t.Logf("taken over %s after relay-a's LISTEN backend went", time.Since(cut).Round(time.Millisecond))
+	cutOff.Store(false)
 
 	go stopA()
 	release()
