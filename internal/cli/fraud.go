@@ -13,7 +13,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
-	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -94,7 +94,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	stopTracing, err := tracing.Setup(ctx, "outbox-fraud", log)
+	stopTracing, err := traceexport.Setup(ctx, "outbox-fraud", log)
 	if err != nil {
 		return err
 	}

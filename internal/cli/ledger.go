@@ -13,7 +13,7 @@ import (
 	"github.com/tedbank/outbox/consumer/inbox"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
-	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/ledger"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -100,7 +100,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	stopTracing, err := tracing.Setup(ctx, "outbox-ledger", log)
+	stopTracing, err := traceexport.Setup(ctx, "outbox-ledger", log)
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
-	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/relay"
 )
 
@@ -110,7 +110,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		}
 		newRelay = func() (*relay.Relay, error) { return relay.New(pool, rdb, cfg) }
 	}
-	stopTracing, err := tracing.Setup(ctx, "outbox-relay", log)
+	stopTracing, err := traceexport.Setup(ctx, "outbox-relay", log)
 	if err != nil {
 		return err
 	}

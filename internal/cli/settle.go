@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tedbank/outbox/internal/connect"
-	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -63,7 +63,7 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	stopTracing, err := tracing.Setup(ctx, "outbox-settle", log)
+	stopTracing, err := traceexport.Setup(ctx, "outbox-settle", log)
 	if err != nil {
 		return err
 	}

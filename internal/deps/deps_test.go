@@ -85,3 +85,46 @@ func TestDependencyRules(t *testing.T) {
 		}
 	}
 }
+
+// The library packages, which a team imports into its services, link no
+// OpenTelemetry SDK or exporter, no gRPC and no Docker client: the
+// commands install the exporter (internal/traceexport) and the tests start
+// the servers. The OpenTelemetry API (for spans a service's provider
+// records) and the Prometheus client stay.
+func TestLibraryFootprint(t *testing.T) {
+	library := []string{"", "transfer", "relay", "consumer", "consumer/inbox", "fraud", "ledger",
+		"partition", "relay/entry", "transfer/settled"}
+	forbidden := []struct{ prefix, why string }{
+		{"go.opentelemetry.io/otel/sdk", "the OpenTelemetry SDK is the service's choice"},
+		{"go.opentelemetry.io/otel/exporters", "exporters are set up by the command (internal/traceexport)"},
+		{"google.golang.org/grpc", "gRPC comes only with the OTLP gRPC exporter"},
+		{"github.com/testcontainers", "test servers are the tests'"},
+		{"github.com/docker", "test servers are the tests'"},
+		{"github.com/moby", "test servers are the tests'"},
+		{module + "/internal/traceexport", "exporters are set up by the command"},
+		{module + "/internal/testenv", "test servers are the tests'"},
+	}
+	args := []string{"list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}"}
+	for _, pkg := range library {
+		p := module
+		if pkg != "" {
+			p += "/" + pkg
+		}
+		out, err := exec.Command("go", append(args, p)...).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", p, err)
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) == 0 {
+			t.Fatalf("go list -deps %s listed nothing", p)
+		}
+		for _, d := range deps {
+			for _, f := range forbidden {
+				if strings.HasPrefix(d, f.prefix) {
+					t.Errorf("%s links %s: %s", p, d, f.why)
+					break
+				}
+			}
+		}
+	}
+}
