@@ -23,12 +23,14 @@ import (
 // share the partition stream's hash slot. RunScripts runs a batch's calls
 // in one round trip; package fraud is such a handler.
 //
-// A pipeline cannot stop between its calls, so a script must fail only
-// where every later call would fail too (the server's state: OOM,
-// READONLY, a lost connection) or never (an invalid message): a script
-// error that struck one call and not a later one of the same key would let
-// the later one take effect first (see Handler; the consumer logs it).
-// What a handler finds wrong before the pipeline, it holds with an Order.
+// A pipeline cannot stop between its calls, so a script error that struck
+// one call and not a later one of the same key would let the later one take
+// effect first (see Handler; the consumer logs it). A script that can fail
+// for one call only (a key of the wrong type, a check of its own) gates the
+// batch itself, as anti-fraud's effect.lua does: a failing call records its
+// key in a hash named for the batch, and the key's later calls in the batch
+// find it there and refuse. What a handler finds wrong before the pipeline,
+// it holds with an Order.
 
 // ScriptCall is one script call: one message's effect.
 type ScriptCall struct {

@@ -226,6 +226,11 @@ func (k Keys) Verdict(transferID string) string { return k.Prefix + "verdict:" +
 // matter).
 func (k Keys) Verdicts() string { return k.Prefix + "verdicts" }
 
+// BatchGate is the gate of one batch's pipeline of effects (effect.lua):
+// the senders whose event failed in it, so that their later events in the
+// same pipeline are held. It exists only after a failure, for a minute.
+func (k Keys) BatchGate(batch string) string { return k.Prefix + "batch:" + batch }
+
 // Days indexes the settlement days (YYYY-MM-DD) that have totals, by day
 // number.
 func (k Keys) Days() string { return k.Prefix + "days" }

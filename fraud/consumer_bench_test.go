@@ -56,7 +56,7 @@ func BenchmarkEffectScript(b *testing.B) {
 				cmds := make([]*redis.Cmd, len(evs))
 				if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 					for i, ev := range evs {
-						cmds[i] = effectScript.EvalSha(ctx, p, e.effectKeys(keys, ev), e.effectArgs(keys, "", ev)...)
+						cmds[i] = effectScript.EvalSha(ctx, p, e.effectKeys(keys, ev, "bench"), e.effectArgs(keys, "", ev)...)
 					}
 					return nil
 				}); err != nil {

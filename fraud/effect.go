@@ -17,13 +17,13 @@ var (
 )
 
 // effectKeys are the keys of ev's effect, among the partition's keys k.
-func (e *effects) effectKeys(k Keys, ev Event) []string {
+func (e *effects) effectKeys(k Keys, ev Event, batch string) []string {
 	day, _ := Day(ev.SettledAt)
 	return []string{
 		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
 		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
 		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(e.cfg.Group), k.Approved(ev.FromAccount),
-		k.Audit(),
+		k.Audit(), k.BatchGate(batch),
 	}
 }
 

@@ -18,6 +18,8 @@
 -- KEYS[10] the sender's approved transfers in the window (zset, as KEYS[6]):
 --          the only ones a late arrival can still send to review
 -- KEYS[11] the audit stream (Config.AuditLen): the effects in the order applied
+-- KEYS[12] the batch's gate (a hash, one per pipeline: its senders whose
+--          event failed in it; written only on a failure)
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -35,6 +37,12 @@
 -- ARGV[20] how many entries the audit stream keeps, about (0: no audit)
 -- ARGV[21] '1' when the event's marker was found under an earlier number of
 --          partitions (layouts.go): a duplicate, counted as one
+-- Per-key order within a pipeline: a batch's calls run one after another and
+-- none can stop the next, so an error that struck one call of a sender and
+-- cleared before its next (a key fixed, memory freed) would let the later
+-- event take effect first. A failing call records its sender in the batch's
+-- gate; the sender's later calls in the batch find it and are held (HELD),
+-- to be applied again after the failed one, in order.
 -- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
 -- 2 for review; revised, how many later transfers it sent to review.
 --
@@ -49,150 +57,170 @@
 -- Fencing: only the partition's owner applies its events. A consumer whose
 -- lease expired or moved (it stalled, or the group rebalanced) is refused,
 -- however late its command arrives; nothing is written.
-if ARGV[19] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[19] then
-  return redis.error_reply('FENCED partition lease ' .. KEYS[9] .. ' is no longer held by this consumer')
+if redis.call('HEXISTS', KEYS[12], ARGV[4]) == 1 then
+  return redis.error_reply('HELD an earlier event of sender ' .. ARGV[4] .. ' failed in this batch')
 end
 
-if ARGV[21] == '1' or redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
-  return {0, 0}
-end
-
--- Keys written after the first non-idempotent write must not fail mid-script
--- (a wrong type would leave half an effect behind): check them first.
-local audit = tonumber(ARGV[20])
-local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}
-if audit > 0 then
-  table.insert(typed, {KEYS[11], 'stream'})
-end
-for _, k in ipairs(typed) do
-  local t = redis.call('TYPE', k[1]).ok
-  if t ~= 'none' and t ~= k[2] then
-    return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
+local function apply()
+  if ARGV[19] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[19] then
+    return redis.error_reply('FENCED partition lease ' .. KEYS[9] .. ' is no longer held by this consumer')
   end
-end
 
-local amount = tonumber(ARGV[5])
-local at = tonumber(ARGV[6])
-local window = tonumber(ARGV[7])
-local expireAt = tonumber(ARGV[12])
-
--- The sender's total over (at - window, at], this transfer included.
-local function windowTotal(upTo)
-  local sum = 0
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (upTo - window), upTo)) do
-    sum = sum + tonumber(string.match(member, '^(%d+):'))
+  if ARGV[21] == '1' or redis.call('EXISTS', KEYS[1]) == 1 then
+    redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
+    return {0, 0}
   end
-  return sum
-end
-local total = amount + windowTotal(at)
-local limit = tonumber(ARGV[9])
 
-local verdict, reason = 'approve', ''
-if amount > tonumber(ARGV[8]) then
-  verdict, reason = 'review', 'amount'
-elseif total > limit then
-  verdict, reason = 'review', 'velocity'
-end
-
--- Approved transfers settled in [at, at + window) that arrived before this
--- one: their windows include it, so it may push them over the limit. Only
--- approved ones can change, and they are kept apart (KEYS[10]). Read
--- before this transfer joins. Those settled at this very instant (a payroll
--- settled in one transaction shares one) have this transfer's window total,
--- so they matter only when it is over the limit; the ones after it are none
--- at all when transfers arrive in order, the usual case.
-local ties = {}
-if total > limit then
-  ties = redis.call('ZRANGEBYSCORE', KEYS[10], at, at)
-end
-local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
-
--- Idempotent writes first: if one fails, a retry repeats them harmlessly.
-if expireAt > 0 then
-  redis.call('SET', KEYS[2], verdict, 'PXAT', expireAt)
-  redis.call('SADD', KEYS[4], ARGV[4])
-  redis.call('PEXPIREAT', KEYS[4], expireAt)
-  redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
-end
-local member = ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3]
-redis.call('ZADD', KEYS[6], at, member)
-if verdict == 'approve' then
-  redis.call('ZADD', KEYS[10], at, member)
-end
--- Forget transfers older than the newest one seen minus two windows: events
--- of one sender can arrive up to a window late and still be judged right.
-local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (newest - 2 * window))
-redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', '(' .. (newest - 2 * window))
-redis.call('PEXPIRE', KEYS[6], ARGV[16])
-redis.call('PEXPIRE', KEYS[10], ARGV[16])
--- Then the counters, which must happen once.
-if expireAt > 0 then
-  redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-  redis.call('HINCRBY', KEYS[3], 'transfers', 1)
-  redis.call('PEXPIREAT', KEYS[3], expireAt)
-end
-redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
-if audit > 0 then
-  redis.call('XADD', KEYS[11], 'MAXLEN', '~', audit, '*',
-    'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4], 'verdict', verdict)
-end
-if verdict == 'review' then
-  redis.call('HINCRBY', KEYS[7], 'reviews', 1)
-  redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-    'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
-    'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
-    'window_total_cents', string.format('%d', total), 'reason', reason)
-end
--- Later transfers that this one pushes over the limit go to review (and
--- leave the approved set: they can change no more). Their window totals,
--- now with this transfer, come from one sorted read of the sender's window
--- around them and one pass of a sliding sum: linear in the window, however
--- many candidates (a payroll settled in one transaction: thousands of
--- transfers at one instant, all approved while under the limit).
-local revised = 0
-local function revise(lmember, ltotal)
-  local lamount, levent, ltransfer = string.match(lmember, '^(%d+):([^:]+):(.+)$')
-  if not ltransfer then
-    return
+  -- Keys written after the first non-idempotent write must not fail mid-script
+  -- (a wrong type would leave half an effect behind): check them first.
+  local audit = tonumber(ARGV[20])
+  local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}
+  if audit > 0 then
+    table.insert(typed, {KEYS[11], 'stream'})
   end
-  redis.call('ZREM', KEYS[10], lmember)
-  local vkey = ARGV[18] .. ltransfer
-  if redis.call('GET', vkey) == 'approve' then
-    redis.call('SET', vkey, 'review', 'KEEPTTL')
+  for _, k in ipairs(typed) do
+    local t = redis.call('TYPE', k[1]).ok
+    if t ~= 'none' and t ~= k[2] then
+      return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
+    end
+  end
+
+  local amount = tonumber(ARGV[5])
+  local at = tonumber(ARGV[6])
+  local window = tonumber(ARGV[7])
+  local expireAt = tonumber(ARGV[12])
+
+  -- The sender's total over (at - window, at], this transfer included.
+  local function windowTotal(upTo)
+    local sum = 0
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (upTo - window), upTo)) do
+      sum = sum + tonumber(string.match(member, '^(%d+):'))
+    end
+    return sum
+  end
+  local total = amount + windowTotal(at)
+  local limit = tonumber(ARGV[9])
+
+  local verdict, reason = 'approve', ''
+  if amount > tonumber(ARGV[8]) then
+    verdict, reason = 'review', 'amount'
+  elseif total > limit then
+    verdict, reason = 'review', 'velocity'
+  end
+
+  -- Approved transfers settled in [at, at + window) that arrived before this
+  -- one: their windows include it, so it may push them over the limit. Only
+  -- approved ones can change, and they are kept apart (KEYS[10]). Read
+  -- before this transfer joins. Those settled at this very instant (a payroll
+  -- settled in one transaction shares one) have this transfer's window total,
+  -- so they matter only when it is over the limit; the ones after it are none
+  -- at all when transfers arrive in order, the usual case.
+  local ties = {}
+  if total > limit then
+    ties = redis.call('ZRANGEBYSCORE', KEYS[10], at, at)
+  end
+  local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
+
+  -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
+  if expireAt > 0 then
+    redis.call('SET', KEYS[2], verdict, 'PXAT', expireAt)
+    redis.call('SADD', KEYS[4], ARGV[4])
+    redis.call('PEXPIREAT', KEYS[4], expireAt)
+    redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
+  end
+  local member = ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+  redis.call('ZADD', KEYS[6], at, member)
+  if verdict == 'approve' then
+    redis.call('ZADD', KEYS[10], at, member)
+  end
+  -- Forget transfers older than the newest one seen minus two windows: events
+  -- of one sender can arrive up to a window late and still be judged right.
+  local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (newest - 2 * window))
+  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', '(' .. (newest - 2 * window))
+  redis.call('PEXPIRE', KEYS[6], ARGV[16])
+  redis.call('PEXPIRE', KEYS[10], ARGV[16])
+  -- Then the counters, which must happen once.
+  if expireAt > 0 then
+    redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
+    redis.call('HINCRBY', KEYS[3], 'transfers', 1)
+    redis.call('PEXPIREAT', KEYS[3], expireAt)
+  end
+  redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
+  if audit > 0 then
+    redis.call('XADD', KEYS[11], 'MAXLEN', '~', audit, '*',
+      'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4], 'verdict', verdict)
+  end
+  if verdict == 'review' then
     redis.call('HINCRBY', KEYS[7], 'reviews', 1)
     redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-      'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
-      'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
-      'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
-    revised = revised + 1
+      'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
+      'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
+      'window_total_cents', string.format('%d', total), 'reason', reason)
   end
-end
-for _, m in ipairs(ties) do
-  revise(m, total)
-end
-if #later > 0 then
-  local span = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), '(' .. (at + window), 'WITHSCORES')
-  local lo, hi, sum = 1, 1, 0 -- span[lo..hi) (pairs) is the current window
-  for i = 1, #later, 2 do
-    local lscore = tonumber(later[i + 1])
-    while hi <= #span and tonumber(span[hi + 1]) <= lscore do
-      sum = sum + tonumber(string.match(span[hi], '^(%d+):'))
-      hi = hi + 2
+  -- Later transfers that this one pushes over the limit go to review (and
+  -- leave the approved set: they can change no more). Their window totals,
+  -- now with this transfer, come from one sorted read of the sender's window
+  -- around them and one pass of a sliding sum: linear in the window, however
+  -- many candidates (a payroll settled in one transaction: thousands of
+  -- transfers at one instant, all approved while under the limit).
+  local revised = 0
+  local function revise(lmember, ltotal)
+    local lamount, levent, ltransfer = string.match(lmember, '^(%d+):([^:]+):(.+)$')
+    if not ltransfer then
+      return
     end
-    while lo < hi and tonumber(span[lo + 1]) <= lscore - window do
-      sum = sum - tonumber(string.match(span[lo], '^(%d+):'))
-      lo = lo + 2
-    end
-    if sum > limit then
-      revise(later[i], sum)
+    redis.call('ZREM', KEYS[10], lmember)
+    local vkey = ARGV[18] .. ltransfer
+    if redis.call('GET', vkey) == 'approve' then
+      redis.call('SET', vkey, 'review', 'KEEPTTL')
+      redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+      redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
+        'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
+        'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
+        'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
+      revised = revised + 1
     end
   end
+  for _, m in ipairs(ties) do
+    revise(m, total)
+  end
+  if #later > 0 then
+    local span = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), '(' .. (at + window), 'WITHSCORES')
+    local lo, hi, sum = 1, 1, 0 -- span[lo..hi) (pairs) is the current window
+    for i = 1, #later, 2 do
+      local lscore = tonumber(later[i + 1])
+      while hi <= #span and tonumber(span[hi + 1]) <= lscore do
+        sum = sum + tonumber(string.match(span[hi], '^(%d+):'))
+        hi = hi + 2
+      end
+      while lo < hi and tonumber(span[lo + 1]) <= lscore - window do
+        sum = sum - tonumber(string.match(span[lo], '^(%d+):'))
+        lo = lo + 2
+      end
+      if sum > limit then
+        revise(later[i], sum)
+      end
+    end
+  end
+  redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
+  if verdict == 'review' then
+    return {2, revised}
+  end
+  return {1, revised}
 end
-redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
-if verdict == 'review' then
-  return {2, revised}
+
+local ok, res = pcall(apply)
+if ok and not (type(res) == 'table' and res.err) then
+  return res
 end
-return {1, revised}
+redis.call('HSET', KEYS[12], ARGV[4], 1)
+redis.call('PEXPIRE', KEYS[12], 60000)
+if ok then
+  return res
+end
+if type(res) == 'table' and res.err then
+  return redis.error_reply(res.err)
+end
+return redis.error_reply(tostring(res))

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
@@ -32,6 +33,8 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 	calls := make([]consumer.ScriptCall, len(b.Messages))
 	keys := Keys{Prefix: b.Keys.Prefix}
 	var order consumer.Order // a sender's later TEDs wait behind one that fails here
+	// and, in the pipeline, behind one whose script fails (effect.lua's gate)
+	batch := uuid.NewString()
 	for i, m := range b.Messages {
 		if order.Holds(m) {
 			res[i] = consumer.Held(m)
@@ -52,7 +55,7 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			continue
 		}
 		evs[i] = ev
-		calls[i] = consumer.ScriptCall{Script: effectScript, Keys: e.effectKeys(keys, ev), Args: e.effectArgs(keys, b.Fence, ev)}
+		calls[i] = consumer.ScriptCall{Script: effectScript, Keys: e.effectKeys(keys, ev, batch), Args: e.effectArgs(keys, b.Fence, ev)}
 	}
 	// An event applied under an earlier number of partitions has its
 	// marker under that layout's prefix (layouts.go).

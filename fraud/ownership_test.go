@@ -254,3 +254,63 @@ func newGroupConsumer(t *testing.T, rdb outboxtest.Redis, cfg Config) *Consumer 
 	}
 	return c
 }
+
+// A batch's effects run in one pipeline that nothing can stop between its
+// calls: when a sender's event fails there and its next one would not (here
+// the first TED's day totals have the wrong type, the next ones are of
+// another day), the later ones must be held, not applied first. Another
+// sender's event in the batch applies.
+func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	yesterday := time.Now().Add(-24 * time.Hour)
+	publish(t, rdb, cfg.Stream, "ana", 100, yesterday)
+	publish(t, rdb, cfg.Stream, "ana", 200, time.Now())
+	publish(t, rdb, cfg.Stream, "bia", 300, time.Now())
+	publish(t, rdb, cfg.Stream, "ana", 400, time.Now())
+	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
+	if err != nil || len(x) != 4 {
+		t.Fatalf("entries %v (%v)", x, err)
+	}
+	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
+	for _, entry := range x {
+		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Messages = append(b.Messages, m)
+	}
+	keys := Keys{Prefix: cfg.KeyPrefix}
+	day, _ := Day(yesterday)
+	broken := keys.DayAccount(day, "ana")
+	if err := rdb.Set(ctx, broken, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res := e.Handle(ctx, b)
+	if res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+		t.Fatalf("ana's first TED: %+v, want WRONGTYPE", res[0])
+	}
+	for _, i := range []int{1, 3} {
+		if res[i].Err == nil || !strings.Contains(res[i].Err.Error(), "HELD") {
+			t.Errorf("ana's TED %d after the failed one: %+v, want held", i, res[i])
+		}
+	}
+	if res[2].Err != nil || res[2].Outcome != "approve" {
+		t.Errorf("bia's TED: %+v, want approve", res[2])
+	}
+	if rep, _ := ReadReport(ctx, rdb.Client, keys); rep.Verdicts != 1 {
+		t.Fatalf("%d verdicts, want bia's only", rep.Verdicts)
+	}
+	// Fixed, the batch again: ana's in order, bia's a duplicate.
+	if err := rdb.Del(ctx, broken).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res = e.Handle(ctx, b)
+	for i, want := range []string{"approve", "approve", "duplicate", "approve"} {
+		if res[i].Err != nil || res[i].Outcome != want {
+			t.Errorf("again, TED %d: %+v, want %s", i, res[i], want)
+		}
+	}
+}
