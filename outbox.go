@@ -35,9 +35,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/partition"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Message is one event to write to the outbox.
@@ -172,8 +172,8 @@ func Write(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]Written, error) {
 		b        pgx.Batch
 		inserted []Written
 	)
-	lock := outboxsql.OutboxLockPartitions(lockSlots(aggTypes, aggIDs, parts))
-	insert := outboxsql.OutboxInsert(ids, aggTypes, aggIDs, types, payloads, headers, parts)
+	lock := queries.OutboxLockPartitions(lockSlots(aggTypes, aggIDs, parts))
+	insert := queries.OutboxInsert(ids, aggTypes, aggIDs, types, payloads, headers, parts)
 	b.Queue(lock.SQL, lock.Args...)
 	b.Queue(insert.SQL, insert.Args...).Query(func(rows pgx.Rows) error {
 		var err error

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/relay"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Benchmarks of the relay's hot path against the real servers of outboxtest
@@ -73,7 +73,7 @@ func BenchmarkRelayBatch(b *testing.B) {
 func benchRelayStep(b *testing.B, step string) {
 	ctx := context.Background()
 	st := &stepTimer{b: b, step: step, sql: map[string]string{
-		outboxsql.Positional(outboxsql.Query("relay_claim")): "claim", outboxsql.Positional(outboxsql.Query("relay_mark_published")): "mark"}}
+		queries.Positional(queries.Query("relay_claim")): "claim", queries.Positional(queries.Query("relay_mark_published")): "mark"}}
 	cfg, err := pgxpool.ParseConfig(outboxtest.PostgresURL(b))
 	if err != nil {
 		b.Fatal(err)

@@ -23,7 +23,7 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
 	"github.com/tedbank/outbox/internal/migrate"
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/transfer/settled"
 )
 
@@ -49,7 +49,7 @@ func (Handler) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) erro
 	if p.EventID != m.ID {
 		return consumer.Invalid("payload event_id %s differs from the entry's %s", p.EventID, m.ID)
 	}
-	st := outboxsql.LedgerPost(p.TransferID, p.EventID, p.FromAccount, p.ToAccount, p.AmountCents, p.Currency, p.SettledAt)
+	st := queries.LedgerPost(p.TransferID, p.EventID, p.FromAccount, p.ToAccount, p.AmountCents, p.Currency, p.SettledAt)
 	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
 		return fmt.Errorf("post transfer %s: %w", p.TransferID, err)
 	}
@@ -117,7 +117,7 @@ type Balance struct {
 
 // Balances reads every account's balance, by account.
 func Balances(ctx context.Context, db *pgxpool.Pool) ([]Balance, error) {
-	st := outboxsql.LedgerBalances()
+	st := queries.LedgerBalances()
 	rows, err := db.Query(ctx, st.SQL, st.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("read balances: %w", err)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tedbank/outbox/internal/failpoint"
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // claim claims one batch under token. In the same round trip it first tells
@@ -33,9 +33,9 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	switch op {
 	case flagBusy:
-		queue(&b, outboxsql.RelayBusy(r.listenPID.Load()))
+		queue(&b, queries.RelayBusy(r.listenPID.Load()))
 	case flagSleep:
-		queue(&b, outboxsql.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+		queue(&b, queries.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
 	if r.ownsPartitions() && (op != flagNone || r.state == saidBusy) {
 		// Writers are silent while any relay is busy, but this relay
@@ -52,9 +52,9 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	b.Queue(indexedClaim)
 	window := r.cfg.RedeliveryWindow().Milliseconds()
-	read := outboxsql.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window, r.listenPID.Load())
+	read := queries.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window, r.listenPID.Load())
 	if r.ownsPartitions() {
-		read = outboxsql.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...), window)
+		read = queries.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...), window)
 	}
 	queue(&b, read).Query(func(rows pgx.Rows) error {
 		var err error
@@ -119,7 +119,7 @@ const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 
 // exec runs one relay write with asyncCommit, in one round trip.
-func (r *Relay) exec(ctx context.Context, st outboxsql.Statement) (pgconn.CommandTag, error) {
+func (r *Relay) exec(ctx context.Context, st queries.Statement) (pgconn.CommandTag, error) {
 	var (
 		b   pgx.Batch
 		tag pgconn.CommandTag
@@ -131,13 +131,13 @@ func (r *Relay) exec(ctx context.Context, st outboxsql.Statement) (pgconn.Comman
 }
 
 // queue adds st to b.
-func queue(b *pgx.Batch, st outboxsql.Statement) *pgx.QueuedQuery { return b.Queue(st.SQL, st.Args...) }
+func queue(b *pgx.Batch, st queries.Statement) *pgx.QueuedQuery { return b.Queue(st.SQL, st.Args...) }
 
 // execIn and queryRowIn run st in tx.
-func execIn(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) (pgconn.CommandTag, error) {
+func execIn(ctx context.Context, tx pgx.Tx, st queries.Statement) (pgconn.CommandTag, error) {
 	return tx.Exec(ctx, st.SQL, st.Args...)
 }
 
-func queryRowIn(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) pgx.Row {
+func queryRowIn(ctx context.Context, tx pgx.Tx, st queries.Statement) pgx.Row {
 	return tx.QueryRow(ctx, st.SQL, st.Args...)
 }

@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Relays of the two ownerships must never share a database: a claimer's
@@ -48,11 +48,11 @@ func (r *Relay) ownershipModes() (own, other int) {
 // checkOwnership reports ErrMixedOwnership when a relay of the other
 // ownership holds its lock; with hold, it first takes this relay's own, for
 // the life of conn's session.
-func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st outboxsql.Statement, dest ...any) error, hold bool) error {
+func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st queries.Statement, dest ...any) error, hold bool) error {
 	own, other := r.ownershipModes()
 	if hold {
 		var v any
-		if err := exec(ctx, outboxsql.RelayOwnershipHold(own), &v); err != nil {
+		if err := exec(ctx, queries.RelayOwnershipHold(own), &v); err != nil {
 			return fmt.Errorf("hold the ownership lock: %w", err)
 		}
 	}
@@ -61,7 +61,7 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 	// little while before refusing.
 	var free bool
 	for deadline := time.Now().Add(ownershipSettle); ; {
-		if err := exec(ctx, outboxsql.RelayOwnershipOther(other), &free); err != nil {
+		if err := exec(ctx, queries.RelayOwnershipOther(other), &free); err != nil {
 			return fmt.Errorf("check for relays of the other ownership: %w", err)
 		}
 		if free || time.Now().After(deadline) {
@@ -88,7 +88,7 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 // connection: a database that does not answer yet is checked again once the
 // LISTEN connection reaches it.
 func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
-	err := r.checkOwnership(ctx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
 		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
 	}, false)
 	if err != nil && !errors.Is(err, ErrMixedOwnership) {
@@ -106,7 +106,7 @@ func (r *Relay) reclaimLeftovers(ctx context.Context) error {
 	if !r.ownsPartitions() || r.leftoversReclaimed.Load() {
 		return nil
 	}
-	err := r.checkOwnership(ctx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
 		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
 	}, false)
 	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 const (
@@ -97,7 +97,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		return fmt.Errorf("listen %s: %w", r.cfg.Channel, err)
 	}
 	octx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	err = r.checkOwnership(octx, func(ctx context.Context, st outboxsql.Statement, dest ...any) error {
+	err = r.checkOwnership(octx, func(ctx context.Context, st queries.Statement, dest ...any) error {
 		return conn.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
 	}, true)
 	cancel()
@@ -108,7 +108,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	// machine or link gone) to release its lock: only then do the other
 	// relays take this relay's claims and slots over (migration 0012).
 	kctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	ka := outboxsql.RelayServerKeepalive(serverKeepaliveIdle, serverKeepaliveInterval, serverKeepaliveCount, serverUserTimeout)
+	ka := queries.RelayServerKeepalive(serverKeepaliveIdle, serverKeepaliveInterval, serverKeepaliveCount, serverUserTimeout)
 	_, err = conn.Exec(kctx, ka.SQL, ka.Args...)
 	cancel()
 	if err != nil {
@@ -116,7 +116,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	}
 	var pid int32
 	rctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	err = queryRowOn(rctx, conn, outboxsql.RelayRegister(r.cfg.Name, r.membershipMS())).Scan(&pid)
+	err = queryRowOn(rctx, conn, queries.RelayRegister(r.cfg.Name, r.membershipMS())).Scan(&pid)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("register the relay: %w", err)
@@ -125,7 +125,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 		// This relay's claims made under its earlier LISTEN connections are
 		// its own still: stamp them with the new pid before the other
 		// relays (or this one) take them for a dead relay's.
-		st := outboxsql.RelayRestamp(r.pastPIDs)
+		st := queries.RelayRestamp(r.pastPIDs)
 		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 		_, err := conn.Exec(sctx, st.SQL, st.Args...)
 		cancel()
@@ -178,7 +178,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 			lastWatch = time.Now()
 			var w watchResult
 			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
-			err := queryRowOn(wctx, conn, outboxsql.RelayWatch()).Scan(&w.dead, &w.silenced)
+			err := queryRowOn(wctx, conn, queries.RelayWatch()).Scan(&w.dead, &w.silenced)
 			cancel()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -209,6 +209,6 @@ const (
 	serverUserTimeout       = 5000
 )
 
-func queryRowOn(ctx context.Context, conn *pgx.Conn, st outboxsql.Statement) pgx.Row {
+func queryRowOn(ctx context.Context, conn *pgx.Conn, st queries.Statement) pgx.Row {
 	return conn.QueryRow(ctx, st.SQL, st.Args...)
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // pendingMark is a published batch whose mark has not been sent yet: while
@@ -37,11 +37,11 @@ func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) 
 
 // statement is m's mark: relay_mark_published, or with partition leases
 // relay_mark_published_leased.
-func (m *pendingMark) statement(leased bool) outboxsql.Statement {
+func (m *pendingMark) statement(leased bool) queries.Statement {
 	if leased {
-		return outboxsql.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
+		return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
 	}
-	return outboxsql.RelayMarkPublished(m.ids, m.streamIDs, m.token)
+	return queries.RelayMarkPublished(m.ids, m.streamIDs, m.token)
 }
 
 // failedRow is a row relay_mark_failed updated.
@@ -63,10 +63,10 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	var (
 		b    pgx.Batch
 		rows []failedRow
-		mark = outboxsql.RelayMarkFailed(f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts)
+		mark = queries.RelayMarkFailed(f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts)
 	)
 	if r.ownsPartitions() {
-		mark = outboxsql.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts)
+		mark = queries.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts)
 	}
 	queueRelayTx(&b)
 	queue(&b, mark).Query(func(rs pgx.Rows) error {
@@ -120,7 +120,7 @@ func (r *Relay) release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, a
 	if cause != nil {
 		reason = truncate("released: "+cause.Error(), 1000)
 	}
-	tag, err := r.exec(ctx, outboxsql.RelayRelease(ids, token, after.Milliseconds(), reason))
+	tag, err := r.exec(ctx, queries.RelayRelease(ids, token, after.Milliseconds(), reason))
 	if err != nil {
 		return 0, fmt.Errorf("release %d rows: %w", len(ids), err)
 	}

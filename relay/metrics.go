@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // Metrics are the relay's Prometheus metrics. A nil *Metrics records nothing.
@@ -169,7 +169,7 @@ func (m *Metrics) listen(up bool) {
 // however many published rows the table holds.
 type OutboxCollector struct {
 	pool   *pgxpool.Pool
-	query  outboxsql.Statement
+	query  queries.Statement
 	rows   *prometheus.Desc
 	oldest *prometheus.Desc
 	retry  *prometheus.Desc
@@ -180,7 +180,7 @@ type OutboxCollector struct {
 func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 	return &OutboxCollector{
 		pool:  pool,
-		query: outboxsql.MetricsOutbox(),
+		query: queries.MetricsOutbox(),
 		rows: prometheus.NewDesc("outbox_messages", "Outbox rows per status (published rows are not counted).",
 			[]string{"status"}, nil),
 		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",

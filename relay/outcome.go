@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // sent is a batch after its publish round trip.
@@ -98,7 +98,7 @@ func (r *Relay) record(ctx context.Context, res *BatchResult, out *outcome, defe
 	if len(out.maybeSent) > 0 {
 		// Before the rows are given back: a crash in between leaves them
 		// claimed and stamped, and the reaper keeps the stamp.
-		if _, err := r.exec(ctx, outboxsql.RelayMarkSent(out.maybeSent)); err != nil {
+		if _, err := r.exec(ctx, queries.RelayMarkSent(out.maybeSent)); err != nil {
 			return next, fmt.Errorf("start the redelivery window of %d rows the broker may have taken: %w", len(out.maybeSent), err)
 		}
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/partition"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Partition leases (Config.Ownership = OwnPartitions; the table and its
@@ -73,12 +73,12 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, outboxsql.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, r.listenPID.Load()))
+	held, err := collectLeases(ctx, tx, queries.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, r.listenPID.Load()))
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	var slots, relays int
-	if err := queryRowIn(ctx, tx, outboxsql.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
+	if err := queryRowIn(ctx, tx, queries.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
 		return false, fmt.Errorf("partition lease share: %w", err)
 	}
 	share := (slots + max(relays, 1) - 1) / max(relays, 1)
@@ -90,7 +90,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 			released = append(released, h.Slot)
 		}
 		held = held[:share]
-		if _, err := execIn(ctx, tx, outboxsql.RelayLeaseRelease(l.owner, released)); err != nil {
+		if _, err := execIn(ctx, tx, queries.RelayLeaseRelease(l.owner, released)); err != nil {
 			return false, fmt.Errorf("release partition leases: %w", err)
 		}
 		if _, err := execIn(ctx, tx, r.notify(r.freedPayload())); err != nil {
@@ -99,7 +99,7 @@ func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, outboxsql.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), r.listenPID.Load()))
+		taken, err = collectLeases(ctx, tx, queries.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), r.listenPID.Load()))
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -137,7 +137,7 @@ type heldSlot struct {
 	Token uuid.UUID
 }
 
-func collectLeases(ctx context.Context, tx pgx.Tx, st outboxsql.Statement) ([]heldSlot, error) {
+func collectLeases(ctx context.Context, tx pgx.Tx, st queries.Statement) ([]heldSlot, error) {
 	rows, err := tx.Query(ctx, st.SQL, st.Args...)
 	if err != nil {
 		return nil, err
@@ -206,7 +206,7 @@ func (r *Relay) leaveLeases() {
 	if !r.ownsPartitions() {
 		// A row claimer's membership (relay_register.sql) ends here, not
 		// with the other relays finding it dead.
-		if _, err := r.exec(ctx, outboxsql.RelayLeaseLeave(r.leases.owner)); err != nil {
+		if _, err := r.exec(ctx, queries.RelayLeaseLeave(r.leases.owner)); err != nil {
 			r.log.Debug("could not end the relay's membership; the other relays end it when they find it gone", slog.Any("error", err))
 		}
 		return
@@ -216,8 +216,8 @@ func (r *Relay) leaveLeases() {
 		slots = append(slots, s)
 	}
 	var b pgx.Batch
-	queue(&b, outboxsql.RelayLeaseRelease(r.leases.owner, slots))
-	queue(&b, outboxsql.RelayLeaseLeave(r.leases.owner))
+	queue(&b, queries.RelayLeaseRelease(r.leases.owner, slots))
+	queue(&b, queries.RelayLeaseLeave(r.leases.owner))
 	queue(&b, r.notify(r.freedPayload()))
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
@@ -264,6 +264,6 @@ func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
 const slotsFreedPrefix = "relay-slots-freed:"
 
 // notify is a NOTIFY on this relay's channel.
-func (r *Relay) notify(payload string) outboxsql.Statement {
-	return outboxsql.RelayNotify(r.cfg.Channel, payload)
+func (r *Relay) notify(payload string) queries.Statement {
+	return queries.RelayNotify(r.cfg.Channel, payload)
 }

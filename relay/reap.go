@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // Reap returns expired claims to pending and reports how many it returned.
@@ -19,7 +19,7 @@ func (r *Relay) reap(ctx context.Context, lease time.Duration) (int, error) {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, outboxsql.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
+		tag, err := r.exec(sctx, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)
@@ -42,7 +42,7 @@ func (r *Relay) expire(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, outboxsql.RelayExpire(r.cfg.RedeliveryWindow().Milliseconds(), r.cfg.BatchSize))
+		tag, err := r.exec(sctx, queries.RelayExpire(r.cfg.RedeliveryWindow().Milliseconds(), r.cfg.BatchSize))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("expire: %w", err)
@@ -100,7 +100,7 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 			slots int
 		)
 		bctx, cancel := context.WithTimeout(ctx, markTimeout)
-		st := outboxsql.RelayBury()
+		st := queries.RelayBury()
 		err := r.pool.QueryRow(bctx, st.SQL, st.Args...).Scan(&dead, &slots)
 		cancel()
 		if err != nil {

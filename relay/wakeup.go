@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // The wake-up protocol, relay side (sql/migrations/0006_outbox_notify_idle.sql
@@ -193,7 +193,7 @@ func (r *Relay) wakeWriters(ctx context.Context) {
 func (r *Relay) sayGoodbye(ctx context.Context) (slept bool, _ error) {
 	var b pgx.Batch
 	queueRelayTx(&b)
-	queue(&b, outboxsql.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
+	queue(&b, queries.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	queue(&b, r.notify(""))
 	if err := r.sendTx(ctx, &b); err != nil {
 		return false, err

@@ -18,8 +18,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tedbank/outbox"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/tracing"
-	outboxsql "github.com/tedbank/outbox/sql"
 	"github.com/tedbank/outbox/transfer/settled"
 )
 
@@ -162,7 +162,7 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	t.Currency = t.currency()
 	res := Result{TransferID: t.ID}
 
-	q := outboxsql.TransferInsert(t.ID, t.FromAccount, t.ToAccount, t.AmountCents, t.Currency)
+	q := queries.TransferInsert(t.ID, t.FromAccount, t.ToAccount, t.AmountCents, t.Currency)
 	err := tx.QueryRow(ctx, q.SQL, q.Args...).Scan(&res.SettledAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return alreadySettled(ctx, tx, t)
@@ -210,7 +210,7 @@ func settleTx(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 func alreadySettled(ctx context.Context, tx pgx.Tx, t Transfer) (Result, error) {
 	var prev Transfer
 	var settledAt time.Time
-	q := outboxsql.TransferGet(t.ID)
+	q := queries.TransferGet(t.ID)
 	err := tx.QueryRow(ctx, q.SQL, q.Args...).
 		Scan(&prev.FromAccount, &prev.ToAccount, &prev.AmountCents, &prev.Currency, &settledAt)
 	if err != nil {

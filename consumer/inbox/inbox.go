@@ -46,7 +46,7 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/failpoint"
 	"github.com/tedbank/outbox/internal/migrate"
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // Handler applies one message's effect in tx, the transaction that records
@@ -197,7 +197,7 @@ func (in *Inbox) apply(ctx context.Context, b consumer.Batch, epoch int64, msgs 
 	var batch pgx.Batch
 	var fenced bool
 	if b.Fence != "" {
-		st := outboxsql.InboxFence(b.Group, b.Partition, epoch)
+		st := queries.InboxFence(b.Group, b.Partition, epoch)
 		batch.Queue(st.SQL, st.Args...).QueryRow(func(row pgx.Row) error {
 			var stored int64
 			if err := row.Scan(&stored); errors.Is(err, pgx.ErrNoRows) {
@@ -209,7 +209,7 @@ func (in *Inbox) apply(ctx context.Context, b consumer.Batch, epoch int64, msgs 
 		})
 	}
 	fresh := map[uuid.UUID]bool{}
-	st := outboxsql.InboxInsert(b.Group, ids)
+	st := queries.InboxInsert(b.Group, ids)
 	batch.Queue(st.SQL, st.Args...).Query(func(rows pgx.Rows) error {
 		var id uuid.UUID
 		_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
@@ -288,7 +288,7 @@ func (in *Inbox) Maintain(ctx context.Context) {
 func (in *Inbox) Cleanup(ctx context.Context, group string) (int64, error) {
 	var total int64
 	for {
-		st := outboxsql.InboxCleanup(group, in.cfg.Retention, int64(in.cfg.CleanupBatch))
+		st := queries.InboxCleanup(group, in.cfg.Retention, int64(in.cfg.CleanupBatch))
 		tag, err := in.db.Exec(ctx, st.SQL, st.Args...)
 		if err != nil {
 			return total, fmt.Errorf("inbox cleanup: %w", err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // DefaultCleanupBatch is how many rows one cleanup statement deletes.
@@ -51,7 +51,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 	if opt.BatchSize == 0 {
 		opt.BatchSize = DefaultCleanupBatch
 	}
-	cutoff := outboxsql.AdminCleanupCutoff(opt.OlderThan.Microseconds())
+	cutoff := queries.AdminCleanupCutoff(opt.OlderThan.Microseconds())
 	if err := pool.QueryRow(ctx, cutoff.SQL, cutoff.Args...).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("cleanup: read the database clock: %w", err)
 	}
@@ -61,7 +61,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 			return res, fmt.Errorf("cleanup stopped after %d rows: %w", res.Deleted, err)
 		}
 		var n int64
-		q := outboxsql.AdminCleanup(res.Cutoff, after, int64(opt.BatchSize))
+		q := queries.AdminCleanup(res.Cutoff, after, int64(opt.BatchSize))
 		if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&n, &after); err != nil {
 			return res, fmt.Errorf("cleanup: delete batch %d (after %d rows): %w", res.Batches+1, res.Deleted, err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // DeadEvent is one dead outbox row, as 'outbox dead list --json' prints it.
@@ -35,7 +35,7 @@ func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []Dead
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
-	q := outboxsql.AdminDeadList(int64(limit))
+	q := queries.AdminDeadList(int64(limit))
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)
@@ -96,7 +96,7 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 	if len(uniq) == 0 {
 		return res, nil
 	}
-	q := outboxsql.AdminDeadRetry(uniq)
+	q := queries.AdminDeadRetry(uniq)
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return res, fmt.Errorf("requeue dead events: %w", err)
@@ -141,7 +141,7 @@ func RetryAllDead(ctx context.Context, pool *pgxpool.Pool, batch int) (int64, er
 	var total, after int64
 	for {
 		var n int64
-		q := outboxsql.AdminDeadRetryAll(after, int64(batch))
+		q := queries.AdminDeadRetryAll(after, int64(batch))
 		if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&n, &after); err != nil {
 			return total, fmt.Errorf("requeue dead events (after %d requeued): %w", total, err)
 		}

@@ -35,9 +35,9 @@ import (
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/natsjs"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Result is one measurement; --json prints it as one line. The fields after
@@ -216,7 +216,7 @@ func (s *space) backlog(ctx context.Context) (int64, error) {
 	var pending, publishing, dead int64
 	var oldest float64
 	var retrying int
-	q := outboxsql.MetricsOutbox()
+	q := queries.MetricsOutbox()
 	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying)
 	return pending + publishing, err
 }

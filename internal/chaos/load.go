@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // settleLoop runs `outbox settle` directly against PostgreSQL until the
@@ -225,7 +225,7 @@ func (r *run) outboxCounts(ctx context.Context) (pending, publishing, published,
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var oldest float64
-	q := outboxsql.Status()
+	q := queries.Status()
 	err = r.mon.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &published, &dead, &oldest)
 	return
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/partition"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Status is what 'outbox status --json' prints. During an outage it still
@@ -205,17 +205,17 @@ func printStatus(w io.Writer, st Status) {
 }
 
 func readOutboxStatus(ctx context.Context, pool *pgxpool.Pool, st *Status) error {
-	q := outboxsql.Status()
+	q := queries.Status()
 	err := pool.QueryRow(ctx, q.SQL, q.Args...).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds)
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
 	}
-	q = outboxsql.StatusListeningRelays()
+	q = queries.StatusListeningRelays()
 	if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&st.ListeningRelays); err != nil {
 		return fmt.Errorf("count listening relays: %w", err)
 	}
-	q = outboxsql.StatusRelaySlots()
+	q = queries.StatusRelaySlots()
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("read relay partition slots: %w", err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/outboxtest"
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 func TestUpIsIdempotentAndSafeConcurrently(t *testing.T) {
@@ -76,13 +76,13 @@ func TestQueriesPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	names, err := fs.Glob(outboxsql.QueryFS(), "queries/*.sql")
+	names, err := fs.Glob(queries.QueryFS(), "queries/*.sql")
 	if err != nil || len(names) == 0 {
 		t.Fatalf("no queries found: %v", err)
 	}
 	for _, n := range names {
 		name := strings.TrimSuffix(strings.TrimPrefix(n, "queries/"), ".sql")
-		if _, err := conn.Conn().Prepare(ctx, name, outboxsql.Positional(outboxsql.Query(name))); err != nil {
+		if _, err := conn.Conn().Prepare(ctx, name, queries.Positional(queries.Query(name))); err != nil {
 			t.Errorf("query %s: %v", name, err)
 		}
 	}

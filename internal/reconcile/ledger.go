@@ -7,7 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	outboxsql "github.com/tedbank/outbox/sql"
+	"github.com/tedbank/outbox/internal/queries"
 )
 
 // LedgerReport is what the ledger check found: of the published transfers
@@ -47,7 +47,7 @@ func checkLedger(ctx context.Context, db *pgxpool.Pool, rs []row, rep *LedgerRep
 		}
 		ids[i] = id
 	}
-	q := outboxsql.LedgerPostings(ids)
+	q := queries.LedgerPostings(ids)
 	rows, err := db.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("read ledger entries: %w", err)

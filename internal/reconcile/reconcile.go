@@ -37,8 +37,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/partition"
-	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // Defaults of Options.
@@ -193,7 +193,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		posted = posted[:0]
 		return err
 	}
-	q := outboxsql.ReconcileEvents(opt.Since)
+	q := queries.ReconcileEvents(opt.Since)
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return rep, fmt.Errorf("read transfers and events: %w", err)
@@ -336,7 +336,7 @@ func checkTotals(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, key
 	for try := 1; len(senders) > 0 && try <= totalsTries; try++ {
 		diffs = diffs[:0]
 		byAccount := map[string][]transferAmount{}
-		q := outboxsql.ReconcileSenderTransfers(senders)
+		q := queries.ReconcileSenderTransfers(senders)
 		rows, err := pool.Query(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return nil, fmt.Errorf("read senders' transfers: %w", err)

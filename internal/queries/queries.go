@@ -1,9 +1,19 @@
-package outboxsql
+// Package queries builds the statements of the queries in sql/queries
+// (embedded by package outboxsql): one function per file, with the query's
+// named parameters (@name) as typed Go parameters. It is internal: the
+// library's packages run these; a team reads the SQL in sql/.
+package queries
 
 import (
+	"context"
+	"fmt"
+	"io/fs"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	outboxsql "github.com/tedbank/outbox/sql"
 )
 
 // A Statement is one query of queries/ with its arguments in order, for
@@ -296,4 +306,73 @@ func TransferGet(id uuid.UUID) Statement {
 // TransferInsert is queries/transfer_insert.sql.
 func TransferInsert(id uuid.UUID, fromAccount string, toAccount string, amountCents int64, currency string) Statement {
 	return transferInsert.with(id, fromAccount, toAccount, amountCents, currency)
+}
+
+// loaded are the queries load read, by name.
+var loaded = map[string]string{}
+
+// load returns the text of queries/<name>.sql, and panics if the file is
+// missing (at package initialization: queries.go).
+func load(name string) string {
+	b, err := fs.ReadFile(outboxsql.Queries, "queries/"+name+".sql")
+	if err != nil {
+		panic(fmt.Sprintf("queries: no query %q: %v", name, err))
+	}
+	loaded[name] = string(b)
+	return string(b)
+}
+
+// Query returns the text of queries/<name>.sql, or "" if queries.go does
+// not load it (a test checks that it loads every file). Code uses the
+// variables of queries.go; Query is for tests that go through every query.
+func Query(name string) string { return loaded[name] }
+
+// QueryFS exposes the query files, for tests that check every one of them.
+func QueryFS() fs.FS { return outboxsql.Queries }
+
+// Positional returns query with its named parameters (@name) numbered ($1,
+// $2... in order of first appearance), as the Statements send it: for tests
+// that prepare or EXPLAIN a query, or trace it by its text.
+func Positional(query string) string {
+	sql, _, err := pgx.NamedArgs{}.RewriteQuery(context.Background(), nil, query, nil)
+	if err != nil {
+		panic(fmt.Sprintf("queries: rewrite named parameters: %v", err))
+	}
+	return sql
+}
+
+// query is one query file rewritten to positional parameters ($1, $2...,
+// in order of first appearance of each @name), with, for each of them, the
+// index of the function parameter that fills it.
+type query struct {
+	sql   string
+	order []int
+}
+
+// prepare loads queries/<name>.sql and rewrites its named parameters, once.
+// params are the names of the function's parameters, in its order; it
+// panics unless the SQL uses exactly those names.
+func prepare(name string, params ...string) query {
+	index := make(pgx.StrictNamedArgs, len(params))
+	for i, p := range params {
+		index[p] = i
+	}
+	sql, order, err := index.RewriteQuery(context.Background(), nil, load(name), nil)
+	if err != nil {
+		panic(fmt.Sprintf("queries: queries/%s.sql: %v", name, err))
+	}
+	q := query{sql: sql, order: make([]int, len(order))}
+	for i, o := range order {
+		q.order[i] = o.(int)
+	}
+	return q
+}
+
+// with is q with values (in the order of prepare's params) as its arguments.
+func (q query) with(values ...any) Statement {
+	args := make([]any, len(q.order))
+	for i, j := range q.order {
+		args[i] = values[j]
+	}
+	return Statement{SQL: q.sql, Args: args}
 }

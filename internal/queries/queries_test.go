@@ -1,4 +1,4 @@
-package outboxsql
+package queries
 
 import (
 	"io/fs"
@@ -9,7 +9,7 @@ import (
 // Every file of queries/ has its variable in queries.go, and every variable
 // its file.
 func TestEveryQueryFileIsLoaded(t *testing.T) {
-	files, err := fs.Glob(queries, "queries/*.sql")
+	files, err := fs.Glob(QueryFS(), "queries/*.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
