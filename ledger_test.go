@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
 	"time"
 
@@ -163,7 +164,7 @@ func TestLedgerCrashAtEveryPointPostsEachTransferOnce(t *testing.T) {
 		t.Run(point.failpoint, func(t *testing.T) {
 			f := newLedgerFixture(t)
 			teds := f.Settle(6)
-			if res, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil || res.Published != 6 {
+			if res, err := relaytest.DrainBatch(f.Ctx, f.NewRelay(f.RelayConfig("r1"), nil)); err != nil || res.Published != 6 {
 				t.Fatalf("publish: %+v %v", res, err)
 			}
 			f.RunUntilKilled(f.OutboxCmd(point.failpoint, f.ledgerArgs("c1")...))

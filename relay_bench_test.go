@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"io"
 	"log/slog"
 	"testing"
@@ -106,7 +107,7 @@ func benchRelayStep(b *testing.B, step string) {
 		if step == "batch" {
 			b.StartTimer()
 		}
-		res, err := r.DrainBatch(ctx)
+		res, err := relaytest.DrainBatch(ctx, r)
 		b.StopTimer()
 		if err != nil || res.Published != benchBatch {
 			b.Fatalf("batch %+v, err %v", res, err)

@@ -13,6 +13,7 @@ package outbox_test
 
 import (
 	"encoding/json"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -181,7 +182,7 @@ func TestStaleRelayIsFenced(t *testing.T) {
 	}
 	stallB := relaytest.NewStallingRedis(f.Redis.Client)
 	b := f.NewRelay(f.RowsRelayConfig("relay-b"), stallB)
-	if n, err := b.Reap(f.Ctx); err != nil || n != 10 {
+	if n, err := relaytest.Reap(f.Ctx, b); err != nil || n != 10 {
 		t.Fatalf("reaped %d (err %v), want 10", n, err)
 	}
 	resB := f.DrainInBackground(b)
@@ -249,7 +250,7 @@ func TestCrashAfterPublishBeforeMarkAppliesEffectOnce(t *testing.T) {
 func TestCrashAfterEffectBeforeAckAppliesEffectOnce(t *testing.T) {
 	f := newFixture(t)
 	teds := f.Settle(6)
-	if res, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil || res.Published != 6 {
+	if res, err := relaytest.DrainBatch(f.Ctx, f.NewRelay(f.RelayConfig("r1"), nil)); err != nil || res.Published != 6 {
 		t.Fatalf("publish: %+v %v", res, err)
 	}
 	f.RunUntilKilled(f.OutboxCmd("fraud.after-effect", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(), "--consumer", "c1"))
@@ -377,17 +378,17 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 	cfg := f.RelayConfig("r1")
 	cfg.StreamMaxLen = 10
 	r := f.NewRelay(cfg, nil)
-	if res, err := r.DrainBatch(f.Ctx); err != nil || res.Published != 50 {
+	if res, err := relaytest.DrainBatch(f.Ctx, r); err != nil || res.Published != 50 {
 		t.Fatalf("publish: %+v %v", res, err)
 	}
-	if n, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream()); err != nil || n != 0 {
+	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 0 {
 		t.Fatalf("trimmed %d (err %v) although the group has read nothing", n, err)
 	}
 
 	// The consumer processes (and acknowledges) 20; another reads 10 more
 	// and dies before acknowledging them.
 	c20 := f.consumer("c1", func(c *fraud.Config) { c.BatchSize = 20 })
-	if n, err := c20.ReadNew(f.Ctx); err != nil || n != 20 {
+	if n, err := consumertest.ReadNew(f.Ctx, c20.Consumer); err != nil || n != 20 {
 		t.Fatalf("processed %d (err %v), want 20", n, err)
 	}
 	res, err := f.Redis.XReadGroup(f.Ctx, &redis.XReadGroupArgs{Group: fraud.DefaultGroup, Consumer: "c2",
@@ -396,7 +397,7 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 		t.Fatalf("read: %v", err)
 	}
 	unacked := res[0].Messages
-	n, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream())
+	n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream())
 	if err != nil || n != 20 {
 		t.Fatalf("trimmed %d (err %v), want the 20 read and acknowledged entries", n, err)
 	}
@@ -410,7 +411,7 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 50 }, "a lagging consumer lost events to trimming")
 	f.checkEffectsOnce(teds)
 	// Once everything is acknowledged, the cap applies.
-	if _, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream()); err != nil {
+	if _, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.Redis.XLen(f.Ctx, f.Stream()).Val(); n != 10 {
@@ -441,14 +442,14 @@ func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
 	cfg := f.RelayConfig("r1")
 	cfg.StreamRetention = time.Millisecond // everything is "old"
 	r := f.NewRelay(cfg, nil)
-	if _, err := r.DrainBatch(f.Ctx); err != nil {
+	if _, err := relaytest.DrainBatch(f.Ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.consumer("c1", func(c *fraud.Config) { c.BatchSize = 5 }).ReadNew(f.Ctx); err != nil || n != 5 {
+	if n, err := consumertest.ReadNew(f.Ctx, f.consumer("c1", func(c *fraud.Config) { c.BatchSize = 5 }).Consumer); err != nil || n != 5 {
 		t.Fatalf("processed %d (err %v)", n, err)
 	}
 	time.Sleep(5 * time.Millisecond)
-	if n, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream()); err != nil || n != 5 {
+	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 5 {
 		t.Fatalf("trimmed %d (err %v), want only the 5 acknowledged entries", n, err)
 	}
 }

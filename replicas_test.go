@@ -3,6 +3,8 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/tedbank/outbox/internal/consumertest"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"net/url"
 	"strings"
 	"testing"
@@ -29,7 +31,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	cfg.MinReplicas, cfg.ReplicaTimeout = 2, 100*time.Millisecond
 	r := f.NewRelay(cfg, rdb)
 	teds := f.Settle(3)
-	res, err := r.DrainBatch(f.Ctx)
+	res, err := relaytest.DrainBatch(f.Ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +49,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	addReplica() // the second replica arrives
 	published := 0
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
-		res, err := r.DrainBatch(f.Ctx)
+		res, err := relaytest.DrainBatch(f.Ctx, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +133,7 @@ func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ted := publishTED(t, rdb, fraud.DefaultStream)
-	if _, err := c.ReadNew(ctx); err == nil {
+	if _, err := consumertest.ReadNew(ctx, c.Consumer); err == nil {
 		t.Fatal("effects confirmed by one replica of two: no error")
 	}
 	pending := func() int64 {
@@ -147,7 +149,7 @@ func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 
 	addReplica()
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
-		_ = c.ProcessPending(ctx) // fails while the new replica catches up
+		_ = consumertest.ProcessPending(ctx, c.Consumer) // fails while the new replica catches up
 		return pending() == 0
 	}, "entry still pending once both replicas were there")
 	rep, err := fraud.ReadReport(ctx, rdb, fraud.Keys{Prefix: fraud.DefaultKeyPrefix})

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"net/url"
 	"os"
 	"strings"
@@ -72,7 +73,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 5
 	}, "relay under outbox_relay did not publish")
-	if n, err := r.Reap(f.Ctx); err != nil || n != 0 {
+	if n, err := relaytest.Reap(f.Ctx, r); err != nil || n != 0 {
 		t.Fatalf("reap as outbox_relay: %d %v", n, err)
 	}
 

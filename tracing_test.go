@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.NewRelay(f.RelayConfig("r1"), nil).DrainBatch(f.Ctx); err != nil {
+	if _, err := relaytest.DrainBatch(f.Ctx, f.NewRelay(f.RelayConfig("r1"), nil)); err != nil {
 		t.Fatal(err)
 	}
 	f.Run(f.consumer("c1", nil).Run)

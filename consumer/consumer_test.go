@@ -283,7 +283,7 @@ func TestHandlerResultsMustMatchItsBatch(t *testing.T) {
 	c := newGroupConsumer(t, rdb, short, testConfig(rdb, "c1"))
 	publish(t, rdb, c.parts[0].stream, "a")
 	publish(t, rdb, c.parts[0].stream, "b")
-	if _, err := c.ReadNew(ctx); err == nil || !strings.Contains(err.Error(), "2 messages") {
+	if _, err := c.stepReadNew(ctx); err == nil || !strings.Contains(err.Error(), "2 messages") {
 		t.Fatalf("ReadNew: %v, want the mismatch", err)
 	}
 	if p, err := rdb.XPending(ctx, c.parts[0].stream, "test").Result(); err != nil || p.Count != 2 {

@@ -18,7 +18,7 @@ var (
 )
 
 // invalid handles an entry that can never be processed: it stays pending (it
-// is redelivered by ClaimIdle) until it has been delivered MaxDeliveries
+// is redelivered by the claim of idle entries) until it has been delivered MaxDeliveries
 // times, then it moves to the dead-letter stream.
 func (c *Consumer) invalid(ctx context.Context, f feed, m invalidEntry) {
 	log := c.log.With(slog.String("entry_id", m.id), slog.Any("error", m.err))

@@ -39,8 +39,8 @@ import (
 // NewJetStream returns a consumer that reads from NATS JetStream (js) and
 // applies with h; rdb holds its partition leases, its name's lease, its dead
 // letters and stats. It checks cfg but does not connect. The single steps
-// (ReadNew, ProcessPending, ClaimIdle) are Redis Streams': Run is how it
-// consumes.
+// of the tests (stepReadNew, stepProcessPending, stepClaimIdle) are Redis
+// Streams': Run is how it consumes.
 func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, h Handler, cfg Config) (*Consumer, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: no JetStream context", ErrConfig)
@@ -53,9 +53,8 @@ func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, h Handler, cfg Conf
 	return c, nil
 }
 
-// errSingleStepsRedisOnly: ReadNew, ProcessPending and ClaimIdle read Redis
-// Streams.
-var errSingleStepsRedisOnly = errors.New("consumer: ReadNew, ProcessPending and ClaimIdle read Redis Streams; a JetStream consumer consumes with Run")
+// errSingleStepsRedisOnly: the single steps read Redis Streams.
+var errSingleStepsRedisOnly = errors.New("consumer: the single steps (read new, process pending, claim idle) read Redis Streams; a JetStream consumer consumes with Run")
 
 // DurableName is the base name of the JetStream durable consumers through
 // which group reads partition p: the group's name (its dots, which a

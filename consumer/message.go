@@ -43,8 +43,8 @@ type Batch struct {
 	// Fence is the partition's lease value that the effects must find
 	// (Keys.Lease(group)) for this consumer to still own the partition; an
 	// effect that finds another refuses and reports ErrFenced. Empty when
-	// the batch is applied without partition ownership (the single steps
-	// ReadNew, ProcessPending and ClaimIdle).
+	// the batch is applied without partition ownership (the tests' single
+	// steps, internal/consumertest).
 	Fence string
 	// Group is the consumer group.
 	Group    string

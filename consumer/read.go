@@ -14,12 +14,13 @@ import (
 	"github.com/tedbank/outbox/internal/retry"
 )
 
-// ReadNew blocks up to Config.Block for new entries of every partition and
-// processes them. Run is how to consume: ReadNew, ProcessPending and
-// ClaimIdle are its single steps, without partition ownership, for tests and
-// tools that drive a consumer by hand; with several partitions ReadNew reads
-// them in one command, which a Redis Cluster refuses.
-func (c *Consumer) ReadNew(ctx context.Context) (int, error) {
+// stepReadNew blocks up to Config.Block for new entries of every partition
+// and processes them. Run is how to consume: stepReadNew,
+// stepProcessPending and stepClaimIdle are its single steps, without
+// partition ownership, for the tests that drive a consumer by hand
+// (internal/consumertest); with several partitions stepReadNew reads them in
+// one command, which a Redis Cluster refuses.
+func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 	if c.js != nil {
 		return 0, errSingleStepsRedisOnly
 	}
@@ -125,10 +126,10 @@ func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) erro
 	return ctx.Err()
 }
 
-// ProcessPending re-reads and processes this consumer's own pending entries
-// of every partition, from the oldest, until none is left that it has not
-// tried in this pass (a single step of Run: see ReadNew).
-func (c *Consumer) ProcessPending(ctx context.Context) error {
+// stepProcessPending re-reads and processes this consumer's own pending
+// entries of every partition, from the oldest, until none is left that it
+// has not tried in this pass (a single step of Run: see stepReadNew).
+func (c *Consumer) stepProcessPending(ctx context.Context) error {
 	if c.js != nil {
 		return errSingleStepsRedisOnly
 	}
@@ -177,10 +178,10 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 	return failed
 }
 
-// ClaimIdle claims the entries of every partition idle for at least
+// stepClaimIdle claims the entries of every partition idle for at least
 // ClaimMinIdle (their consumer died, or they keep failing) and processes
-// them (a single step of Run: see ReadNew). It returns how many it claimed.
-func (c *Consumer) ClaimIdle(ctx context.Context) (int, error) {
+// them (a single step of Run: see stepReadNew). It returns how many it claimed.
+func (c *Consumer) stepClaimIdle(ctx context.Context) (int, error) {
 	if c.js != nil {
 		return 0, errSingleStepsRedisOnly
 	}

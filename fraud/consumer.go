@@ -28,8 +28,8 @@ import (
 )
 
 // Consumer is one member of the anti-fraud consumer group: a
-// consumer.Consumer whose handler applies the velocity rule (Run, ReadNew,
-// ProcessPending, ClaimIdle, EnsureGroup, Ready and Stats are its).
+// consumer.Consumer whose handler applies the velocity rule (Run,
+// EnsureGroup, Ready and Stats are its).
 type Consumer struct {
 	*consumer.Consumer
 	cfg Config

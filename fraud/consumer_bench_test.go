@@ -3,6 +3,7 @@ package fraud
 import (
 	"context"
 	"fmt"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -113,7 +114,7 @@ func BenchmarkConsumerReadNew(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		n, err := c.ReadNew(ctx)
+		n, err := consumertest.ReadNew(ctx, c.Consumer)
 		if err != nil || n != benchBatch {
 			b.Fatalf("read %d entries, err %v", n, err)
 		}

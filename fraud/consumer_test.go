@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -66,7 +67,7 @@ func TestVelocityRule(t *testing.T) {
 	for i, cs := range cases {
 		ids[i] = publish(t, rdb, stream, cs.from, cs.cents, cs.at)
 	}
-	if _, err := c.ReadNew(ctx); err != nil {
+	if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil {
 		t.Fatal(err)
 	}
 	for i, cs := range cases {
@@ -150,7 +151,7 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		ids := make([]uuid.UUID, len(teds))
 		for _, i := range order {
 			ids[i] = publish(t, rdb, stream, teds[i].from, teds[i].cents, teds[i].at)
-			if _, err := c.ReadNew(ctx); err != nil { // one at a time, in this order
+			if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil { // one at a time, in this order
 				t.Fatal(err)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"slices"
 	"strings"
 	"sync"
@@ -233,7 +234,7 @@ func TestEntryInTheWrongPartitionStaysPending(t *testing.T) {
 	sender := "ana"
 	wrong := 1 - partition.Of(sender, 2)
 	publish(t, rdb, partition.Stream(stream, wrong, 2), sender, 100, time.Now())
-	_, err := c.ReadNew(ctx)
+	_, err := consumertest.ReadNew(ctx, c.Consumer)
 	if err == nil || !strings.Contains(err.Error(), "disagree on the number of partitions") {
 		t.Fatalf("ReadNew: %v, want the partition mismatch", err)
 	}

@@ -2,6 +2,7 @@ package fraud
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +48,7 @@ func TestEveryKeyTheConsumerWritesIsBounded(t *testing.T) {
 	review := publish(t, rdb, stream, "ana", 60_000, now) // above the amount limit
 	approve := publish(t, rdb, stream, "bia", 10_000, now)
 	old := publish(t, rdb, stream, "caio", 10_000, long) // judged, but past the retention
-	if n, err := c.ReadNew(ctx); err != nil || n != 3 {
+	if n, err := consumertest.ReadNew(ctx, c.Consumer); err != nil || n != 3 {
 		t.Fatalf("ReadNew: %d, %v", n, err)
 	}
 

@@ -12,7 +12,8 @@ import (
 	"github.com/tedbank/outbox/internal/failpoint"
 )
 
-// BatchResult says what one DrainBatch did.
+// BatchResult says what one drained batch did (a test's single step,
+// internal/relaytest.DrainBatch).
 type BatchResult struct {
 	Claimed    int   // rows claimed
 	Published  int   // rows marked published
@@ -56,12 +57,12 @@ type message struct {
 	PartitionKey  string
 }
 
-// DrainBatch claims one batch, publishes it and records the outcome. Once rows
+// stepDrainBatch claims one batch, publishes it and records the outcome. Once rows
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
 // timeout), so a shutdown never strands a claim until the lease expires.
 // With partition leases it first renews them when due (it must not be
 // called while Run runs).
-func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
+func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
 	if err := r.reclaimLeftovers(ctx); err != nil {
 		return BatchResult{}, err
 	}
@@ -70,7 +71,7 @@ func (r *Relay) DrainBatch(ctx context.Context) (BatchResult, error) {
 	return res, err
 }
 
-// drainBatch is DrainBatch with three more inputs: op is sent ahead of the
+// drainBatch is stepDrainBatch with three more inputs: op is sent ahead of the
 // claim; prev, if not nil, is marked in the claim's round trip and counted in
 // the result; with deferMark, this batch's own mark of the published rows is
 // returned for the next call instead of being sent.

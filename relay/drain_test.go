@@ -44,7 +44,7 @@ func TestRelaysDrainDisjointRows(t *testing.T) {
 		r := f.NewRelay(cfg, counter)
 		wg.Go(func() {
 			for {
-				res, err := r.DrainBatch(f.Ctx)
+				res, err := relaytest.DrainBatch(f.Ctx, r)
 				if err != nil {
 					t.Error(err)
 					return
@@ -167,7 +167,7 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 	r := f.NewRelay(cfg, down)
 	f.Settle(3)
 	for range 5 {
-		res, err := r.DrainBatch(f.Ctx)
+		res, err := relaytest.DrainBatch(f.Ctx, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestClaimSkipsLockedRows(t *testing.T) {
 	defer cancel()
 	done := make(chan relay.BatchResult, 1)
 	go func() {
-		res, err := f.NewRelay(f.RowsRelayConfig("r1"), nil).DrainBatch(ctx)
+		res, err := relaytest.DrainBatch(ctx, f.NewRelay(f.RowsRelayConfig("r1"), nil))
 		if err != nil {
 			t.Error(err)
 		}

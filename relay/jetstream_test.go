@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,7 +133,7 @@ func TestJetStreamOutageCountsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Settle(5)
-	res, err := r.DrainBatch(f.Ctx)
+	res, err := relaytest.DrainBatch(f.Ctx, r)
 	if err == nil && !res.BrokerDown {
 		t.Fatalf("drain with NATS down: %+v %v, want the broker reported down", res, err)
 	}
@@ -143,7 +144,7 @@ func TestJetStreamOutageCountsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	outboxtest.Eventually(t, 15*time.Second, func() bool {
-		_, _ = r.DrainBatch(f.Ctx)
+		_, _ = relaytest.DrainBatch(f.Ctx, r)
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 10
 	}, "the relay did not publish after NATS came back")
 }
@@ -176,13 +177,13 @@ func TestJetStreamHalfOpenConnectionIsReplaced(t *testing.T) {
 	}
 	px.Freeze() // the connection goes silent; new ones flow
 	f.Settle(3)
-	res, err := r.DrainBatch(f.Ctx)
+	res, err := relaytest.DrainBatch(f.Ctx, r)
 	if err == nil && !res.BrokerDown {
 		t.Fatalf("drain over a silent connection: %+v %v, want the broker down", res, err)
 	}
 	started := time.Now()
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		_, _ = r.DrainBatch(f.Ctx)
+		_, _ = relaytest.DrainBatch(f.Ctx, r)
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 6
 	}, "not published after the connection went silent")
 	// The pings would have taken about 6s to give the connection up.

@@ -9,8 +9,8 @@ import (
 	"github.com/tedbank/outbox/internal/queries"
 )
 
-// Reap returns expired claims to pending and reports how many it returned.
-func (r *Relay) Reap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease) }
+// stepReap returns expired claims to pending and reports how many it returned.
+func (r *Relay) stepReap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease) }
 
 // reap returns the claims older than lease to pending.
 func (r *Relay) reap(ctx context.Context, lease time.Duration) (int, error) {
@@ -158,7 +158,7 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
-		n, err := r.Reap(ctx)
+		n, err := r.stepReap(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.Warn("reaper failed", slog.Any("error", err))

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
 	"time"
 )
@@ -22,7 +23,7 @@ func TestReapReturnsOnlyExpiredClaims(t *testing.T) {
 	cfg := f.RowsRelayConfig("reaper")
 	cfg.Lease, cfg.BatchSize, cfg.MaxAttempts = time.Minute, 2, 3
 	r := f.NewRelay(cfg, nil)
-	n, err := r.Reap(f.Ctx)
+	n, err := relaytest.Reap(f.Ctx, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func TestReapReturnsOnlyExpiredClaims(t *testing.T) {
 			t.Errorf("%s: %d rows, want %d", c.what, got, c.want)
 		}
 	}
-	if n, err := r.Reap(f.Ctx); err != nil || n != 0 {
+	if n, err := relaytest.Reap(f.Ctx, r); err != nil || n != 0 {
 		t.Fatalf("second reap returned %d (err %v), want 0", n, err)
 	}
 	if got := f.DrainAll(r); got != 4 {

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"net"
 	"os"
 	"slices"
@@ -54,7 +55,7 @@ func TestPublishThatMayHaveLandedStartsTheWindow(t *testing.T) {
 			f := newFixture(t)
 			ids := f.writeKey("sender-1", 1)
 			r := f.NewRelay(f.RelayConfig("r1"), &failingXAdd{Client: f.Redis.Client, err: tc.err})
-			if res, err := r.DrainBatch(f.Ctx); err != nil || !res.BrokerDown {
+			if res, err := relaytest.DrainBatch(f.Ctx, r); err != nil || !res.BrokerDown {
 				t.Fatalf("DrainBatch: %+v, %v: want the broker down", res, err)
 			}
 			stamped := f.Count(`SELECT count(*) FROM outbox_messages WHERE id = $1 AND first_sent_at IS NOT NULL AND status = 'pending' AND attempts = 0`, ids[0]) == 1

@@ -24,14 +24,14 @@ var trimScript = redis.NewScript(trimSrc)
 // Redis, which is blocked meanwhile); a larger excess goes over several passes.
 const maxTrimPerPass = 10_000
 
-// TrimStream caps stream to the configured MAXLEN and retention, but never
+// stepTrimStream caps stream to the configured MAXLEN and retention, but never
 // removes an entry that some consumer group has not yet read, or read and
 // not yet acknowledged: a lagging consumer delays trimming instead of losing
 // events. A stream without any consumer group is not trimmed (its consumers
 // may not have created their group yet). The checks and the trim run in one
 // Lua script, so a group created or rewound meanwhile is respected. It
 // returns how many entries it removed.
-func (r *Relay) TrimStream(ctx context.Context, rdb Trimmer, stream string) (int64, error) {
+func (r *Relay) stepTrimStream(ctx context.Context, rdb Trimmer, stream string) (int64, error) {
 	if r.cfg.StreamMaxLen <= 0 && r.cfg.StreamRetention <= 0 {
 		return 0, nil
 	}
@@ -57,7 +57,7 @@ func (r *Relay) trimLoop(ctx context.Context, rdb Trimmer) {
 		case <-t.C:
 		}
 		for _, stream := range r.streamsSeen() {
-			n, err := r.TrimStream(ctx, rdb, stream)
+			n, err := r.stepTrimStream(ctx, rdb, stream)
 			switch {
 			case err != nil && ctx.Err() == nil:
 				r.log.Warn("trimming failed", slog.String("stream", stream), slog.Any("error", err))

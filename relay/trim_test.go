@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
 )
 
@@ -12,10 +13,10 @@ func TestTrimmingLeavesStreamsWithoutGroups(t *testing.T) {
 	cfg := f.RelayConfig("r1")
 	cfg.StreamMaxLen = 5
 	r := f.NewRelay(cfg, nil)
-	if _, err := r.DrainBatch(f.Ctx); err != nil {
+	if _, err := relaytest.DrainBatch(f.Ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := r.TrimStream(f.Ctx, f.Redis.Client, f.Stream()); err != nil || n != 0 {
+	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 0 {
 		t.Fatalf("trimmed %d (err %v) from a stream with no consumer group", n, err)
 	}
 }

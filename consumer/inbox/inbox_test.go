@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"testing"
 	"time"
 
@@ -129,12 +130,12 @@ func TestEachEffectAppliedOnce(t *testing.T) {
 	ids := e.publish("a", "b", "c")
 	e.xadd(ids[1], "b") // published again, in another batch
 	c := e.consumer(record(nil), nil)
-	if _, err := c.ReadNew(e.ctx); err != nil {
+	if _, err := consumertest.ReadNew(e.ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	e.xadd(ids[0], "a")
 	e.xadd(ids[2], "c")
-	if _, err := c.ReadNew(e.ctx); err != nil {
+	if _, err := consumertest.ReadNew(e.ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	got := e.effects()
@@ -158,7 +159,7 @@ func TestDuplicateInOneBatch(t *testing.T) {
 	e.xadd(id, "a")
 	e.xadd(id, "a")
 	c := e.consumer(record(nil), nil)
-	if _, err := c.ReadNew(e.ctx); err != nil {
+	if _, err := consumertest.ReadNew(e.ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.effects(); got[id] != 1 {
@@ -179,7 +180,7 @@ func TestFailingMessagesDoNotHoldTheBatchBack(t *testing.T) {
 		"flaky":  errors.New("store busy"),
 	}
 	c := e.consumer(record(fail), func(cfg *consumer.Config) { cfg.ClaimMinIdle = time.Millisecond })
-	if _, err := c.ReadNew(e.ctx); err == nil {
+	if _, err := consumertest.ReadNew(e.ctx, c); err == nil {
 		t.Fatal("ReadNew: no error for the flaky message")
 	}
 	got := e.effects()
@@ -192,7 +193,7 @@ func TestFailingMessagesDoNotHoldTheBatchBack(t *testing.T) {
 	// The flaky one recovers; the broken one reaches its last delivery.
 	delete(fail, "flaky")
 	time.Sleep(5 * time.Millisecond)
-	if _, err := c.ClaimIdle(e.ctx); err != nil {
+	if _, err := consumertest.ClaimIdle(e.ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.effects(); got[ids[3]] != 1 || got[ids[1]] != 0 {

@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"slices"
 	"testing"
 	"time"
@@ -127,14 +128,14 @@ func TestFailedMessageHoldsItsKeyBack(t *testing.T) {
 	l.xaddKey(ted[1], "Y", "sender-1")
 	l.xaddKey(ted[2], "Z", "sender-2")
 	c := l.consumer(l.handler(), nil)
-	if _, err := c.ReadNew(l.ctx); err == nil {
+	if _, err := consumertest.ReadNew(l.ctx, c); err == nil {
 		t.Fatal("ReadNew: no error for the TED whose row is locked")
 	}
 	if got := l.applied(); !slices.Equal(got, ted[2:3]) {
 		t.Fatalf("applied %v while #1 waits for X: want only the other sender's #3 %v (#2 %v must wait for #1)", got, ted[2], ted[1])
 	}
 	l.xaddKey(ted[3], "W", "sender-1")
-	if _, err := c.ReadNew(l.ctx); err != nil {
+	if _, err := consumertest.ReadNew(l.ctx, c); err != nil {
 		t.Fatalf("ReadNew of #4: %v", err)
 	}
 	if got := l.applied(); len(got) != 1 {
@@ -144,7 +145,7 @@ func TestFailedMessageHoldsItsKeyBack(t *testing.T) {
 		t.Fatalf("%d entries pending, want #1, #2 and #4", n)
 	}
 	release()
-	if err := c.ProcessPending(l.ctx); err != nil {
+	if err := consumertest.ProcessPending(l.ctx, c); err != nil {
 		t.Fatal(err)
 	}
 	want := []uuid.UUID{ted[0], ted[1], ted[3]}

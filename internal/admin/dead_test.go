@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"slices"
 	"testing"
 	"time"
@@ -140,7 +141,7 @@ func TestRetryDeadRequeuesOnlyDeadRowsAndARelayPublishesThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res, err := r.DrainBatch(ctx); err != nil || res.Failed != 1 {
+	if res, err := relaytest.DrainBatch(ctx, r); err != nil || res.Failed != 1 {
 		t.Fatalf("first drain: %+v, %v; want one failure", res, err)
 	}
 	if got := readRow(t, pool, dead); got.status != "dead" || got.attempts != 1 || got.lastError == nil ||
@@ -181,7 +182,7 @@ func TestRetryDeadRequeuesOnlyDeadRowsAndARelayPublishesThem(t *testing.T) {
 	checkRequeued(t, pool, dead)
 
 	// A relay now publishes it, at once.
-	br, err := r.DrainBatch(ctx)
+	br, err := relaytest.DrainBatch(ctx, r)
 	if err != nil || br.Published != 1 {
 		t.Fatalf("drain after requeue: %+v, %v; want the requeued event published", br, err)
 	}

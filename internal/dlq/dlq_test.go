@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"io"
 	"log/slog"
 	"maps"
@@ -117,7 +118,7 @@ func TestDeadLetterRetryPutsTheOriginalEntryBackOnItsStream(t *testing.T) {
 	c := f.consumer("c1")
 	poison := map[string]any{"event_id": uuid.NewString(), "event_type": transfer.EventSettled, "aggregate_id": "t-1", "payload": "not json"}
 	srcID := f.xadd(f.stream, poison)
-	if _, err := c.ReadNew(f.ctx); err != nil {
+	if _, err := consumertest.ReadNew(f.ctx, c.Consumer); err != nil {
 		t.Fatal(err)
 	}
 	if rep := f.report(); rep.DeadLettered != 1 {
@@ -160,7 +161,7 @@ func TestDeadLetterRetryPutsTheOriginalEntryBackOnItsStream(t *testing.T) {
 		t.Fatalf("replayed entry %s %v, want %s with exactly the original fields %v", replay.ID, replay.Values, res.Retried[0].NewID, poison)
 	}
 
-	if _, err := c.ReadNew(f.ctx); err != nil {
+	if _, err := consumertest.ReadNew(f.ctx, c.Consumer); err != nil {
 		t.Fatal(err)
 	}
 	if rep := f.report(); rep.DeadLettered != 2 || rep.Verdicts != 0 {

@@ -69,7 +69,7 @@ func (f *Fixture) NewRelayWithPool(pool *pgxpool.Pool, cfg relay.Config) *relay.
 func (f *Fixture) DrainInBackground(r *relay.Relay) <-chan relay.BatchResult {
 	done := make(chan relay.BatchResult, 1)
 	go func() {
-		res, err := r.DrainBatch(f.Ctx)
+		res, err := DrainBatch(f.Ctx, r)
 		if err != nil {
 			f.T.Errorf("drain: %v", err)
 		}
@@ -85,7 +85,7 @@ func (f *Fixture) DrainAll(r *relay.Relay) int {
 	f.T.Helper()
 	published := 0
 	for {
-		res, err := r.DrainBatch(f.Ctx)
+		res, err := DrainBatch(f.Ctx, r)
 		if err != nil {
 			f.T.Fatal(err)
 		}
