@@ -35,15 +35,18 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 	f.Run(f.consumer("c1", nil).Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 1 }, "event not processed")
 
+	// Span names follow OpenTelemetry's messaging conventions:
+	// "send <destination>", "process <destination>".
+	stream := f.Stream()
 	byName := map[string]tracetest.SpanStub{}
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
 		for _, s := range exp.GetSpans() {
 			byName[s.Name] = s
 		}
-		_, ok := byName["fraud.process"]
+		_, ok := byName["process "+stream]
 		return ok
-	}, "no fraud.process span")
-	settle, publish, process := byName["transfer.settle"], byName["outbox.publish"], byName["fraud.process"]
+	}, "no %q span", "process "+stream)
+	settle, publish, process := byName["transfer.settle"], byName["send "+stream], byName["process "+stream]
 	traceID := root.SpanContext().TraceID()
 	for _, s := range []tracetest.SpanStub{settle, publish, process} {
 		if s.SpanContext.TraceID() != traceID {
@@ -55,13 +58,27 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 		process.Parent.SpanID() != publish.SpanContext.SpanID() {
 		t.Fatalf("span chain broken: settle←%s publish←%s process←%s", settle.Parent.SpanID(), publish.Parent.SpanID(), process.Parent.SpanID())
 	}
-	var eventID string
-	for _, a := range process.Attributes {
-		if a.Key == "messaging.message.id" {
-			eventID = a.Value.AsString()
+	attrs := func(s tracetest.SpanStub) map[string]string {
+		m := map[string]string{}
+		for _, a := range s.Attributes {
+			m[string(a.Key)] = a.Value.Emit()
 		}
+		return m
 	}
-	if eventID != res.EventID.String() {
-		t.Fatalf("process span is for event %q, want %s", eventID, res.EventID)
+	pa, ca := attrs(publish), attrs(process)
+	for _, want := range []struct{ span, key, value string }{
+		{"send", "messaging.system", "redis"}, {"send", "messaging.destination.name", stream},
+		{"send", "messaging.operation.type", "send"}, {"send", "messaging.message.id", res.EventID.String()},
+		{"process", "messaging.system", "redis"}, {"process", "messaging.destination.name", stream},
+		{"process", "messaging.operation.type", "process"}, {"process", "messaging.message.id", res.EventID.String()},
+		{"process", "messaging.consumer.group.name", "fraud"},
+	} {
+		got := pa
+		if want.span == "process" {
+			got = ca
+		}
+		if got[want.key] != want.value {
+			t.Errorf("%s span: %s = %q, want %q", want.span, want.key, got[want.key], want.value)
+		}
 	}
 }

@@ -178,9 +178,14 @@ type invalidEntry struct {
 // startSpan starts the span of m's handling, continuing the trace its
 // headers carry.
 func (c *Consumer) startSpan(ctx context.Context, f feed, m Message, system string) trace.Span {
-	_, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), c.cfg.Name+".process",
+	// OpenTelemetry's messaging conventions: "process <destination>"; the
+	// consumer's name (fraud, ledger, ...) is outbox.consumer.
+	_, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "process "+f.stream,
 		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
 			attribute.String("messaging.system", system),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", "process"),
+			attribute.String("outbox.consumer", c.cfg.Name),
 			attribute.String("messaging.destination.name", f.stream),
 			attribute.String("messaging.message.id", m.ID.String()),
 			attribute.String("messaging.consumer.group.name", c.cfg.Group)))

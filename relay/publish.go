@@ -37,9 +37,12 @@ type broker interface {
 // ("redis", "nats"), continuing the writer's trace, and returns the headers
 // the message carries on (the span's, when it records).
 func publishSpan(ctx context.Context, m message, dest, system string) ([]byte, trace.Span) {
-	sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "outbox.publish",
+	// OpenTelemetry's messaging conventions: "send <destination>".
+	sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "send "+dest,
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 			attribute.String("messaging.system", system),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "send"),
 			attribute.String("messaging.destination.name", dest),
 			attribute.String("messaging.message.id", m.ID.String()),
 			attribute.String("outbox.event_type", m.EventType)))
