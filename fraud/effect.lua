@@ -211,16 +211,16 @@ local function apply()
   return {1, revised}
 end
 
+-- An error is a reply ({err = ...}, returned or raised by a command) or,
+-- raised by Lua itself, a string.
 local ok, res = pcall(apply)
-if ok and not (type(res) == 'table' and res.err) then
+local isError = type(res) == 'table' and res.err ~= nil
+if ok and not isError then
   return res
 end
 redis.call('HSET', KEYS[12], ARGV[4], 1)
 redis.call('PEXPIRE', KEYS[12], 60000)
-if ok then
+if isError then
   return res
-end
-if type(res) == 'table' and res.err then
-  return redis.error_reply(res.err)
 end
 return redis.error_reply(tostring(res))
