@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/tedbank/outbox/internal/failpoint"
+	"github.com/tedbank/outbox/relay/broker"
 )
 
 // BatchResult says what one drained batch did (a test's single step,
@@ -44,18 +45,8 @@ func (res *BatchResult) retryAfter(d time.Duration) {
 }
 
 // message is one claimed outbox row.
-type message struct {
-	ID            uuid.UUID
-	Seq           int64
-	AggregateType string
-	AggregateID   string
-	EventType     string
-	Payload       []byte
-	Headers       []byte
-	Attempts      int
-	CreatedAt     time.Time
-	PartitionKey  string
-}
+// message is a claimed row, as the broker publishes it.
+type message = broker.Message
 
 // stepDrainBatch claims one batch, publishes it and records the outcome. Once rows
 // are claimed it finishes even if ctx is cancelled (bounded by the publish
@@ -173,7 +164,9 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	for i, m := range msgs {
 		streams[i] = r.cfg.streamKey(m.AggregateType, m.PartitionKey)
 	}
-	ids, errs := r.broker.publish(ctx, msgs, streams)
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	ids, errs := r.broker.Publish(pctx, msgs, streams)
+	cancel()
 	failpoint.Inject("relay.after-xadd")
 	if pipelineDown(errs, streams) {
 		// Every command failed the same way: the broker, not the events.

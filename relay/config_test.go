@@ -3,10 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -69,42 +66,6 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: Validate(%+v) = %v, want an ErrConfig", name, c, err)
-		}
-	}
-}
-
-type netErr struct{}
-
-func (netErr) Error() string   { return "i/o timeout" }
-func (netErr) Timeout() bool   { return true }
-func (netErr) Temporary() bool { return true }
-
-var _ net.Error = netErr{}
-
-type redisErr string
-
-func (e redisErr) Error() string { return string(e) }
-func (redisErr) RedisError()     {}
-
-func TestBrokerUnavailable(t *testing.T) {
-	for err, want := range map[error]bool{
-		netErr{}: true,
-		io.EOF:   true,
-		fmt.Errorf("wrapped: %w", io.ErrUnexpectedEOF):                                                              true,
-		redisErr("OOM command not allowed when used memory > 'maxmemory'"):                                          true,
-		redisErr("READONLY You can't write against a read only replica."):                                           true,
-		redisErr("LOADING Redis is loading the dataset in memory"):                                                  true,
-		&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}:                                             true,
-		redisErr("ERR max number of clients reached"):                                                               true,
-		redisErr("MOVED 3999 127.0.0.1:6381"):                                                                       true,
-		redisErr("NOREPLICAS Not enough good replicas to write."):                                                   true,
-		redisErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk"): true,
-		errors.New("a message that merely says connection refused"):                                                 false,
-		redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"):                               false,
-		redisErr("ERR invalid stream ID"):                                                                           false,
-	} {
-		if got := brokerUnavailable(err); got != want {
-			t.Errorf("brokerUnavailable(%q) = %v, want %v", err, got, want)
 		}
 	}
 }

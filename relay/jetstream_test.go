@@ -16,6 +16,7 @@ import (
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/relay/entry"
+	"github.com/tedbank/outbox/relay/natsbroker"
 )
 
 // jetStreamRelay returns a relay of f publishing to a JetStream stream of
@@ -28,7 +29,7 @@ func (f *fixture) jetStreamRelay(name string) (*relay.Relay, jetstream.JetStream
 	}
 	f.T.Cleanup(nc.Close)
 	stream := outboxtest.NATSStream(f.T)
-	r, err := relay.NewJetStream(f.Pool, relay.JetStream{JS: js, Stream: stream}, f.RelayConfig(name))
+	r, err := natsbroker.NewRelay(f.Pool, natsbroker.Config{JS: js, Stream: stream}, f.RelayConfig(name))
 	if err != nil {
 		f.T.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestJetStreamOutageCountsNoAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	r, err := relay.NewJetStream(f.Pool, relay.JetStream{JS: js, Stream: "OUTAGE"}, f.RelayConfig("r1"))
+	r, err := natsbroker.NewRelay(f.Pool, natsbroker.Config{JS: js, Stream: "OUTAGE"}, f.RelayConfig("r1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestJetStreamHalfOpenConnectionIsReplaced(t *testing.T) {
 	defer nc.Close()
 	cfg := f.RelayConfig("r1")
 	cfg.Lease, cfg.PublishTimeout = 4*time.Second, time.Second
-	r, err := relay.NewJetStream(f.Pool, relay.JetStream{JS: js, Stream: outboxtest.NATSStream(t)}, cfg)
+	r, err := natsbroker.NewRelay(f.Pool, natsbroker.Config{JS: js, Stream: outboxtest.NATSStream(t)}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,11 +48,11 @@ func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
 			r.noteStream(b.streams[i])
 			out.ok.add(m.ID, m.Seq, b.ids[i], b.leaseOf(i))
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
-		case r.broker.down(err):
+		case r.broker.Unavailable(err):
 			res.BrokerDown = true
 			res.Err = err
 			out.release = append(out.release, m.ID)
-			if maybeSent(err) {
+			if r.broker.MaybeSent(err) {
 				out.maybeSent = append(out.maybeSent, m.ID)
 			}
 		default:

@@ -1,4 +1,5 @@
-// Package relay publishes committed outbox events to Redis Streams.
+// Package relay publishes committed outbox events to a broker: Redis Streams
+// (New) or any broker.Broker (NewWithBroker; NATS JetStream in natsbroker).
 //
 // A Relay listens on one dedicated PostgreSQL connection for the outbox
 // trigger's NOTIFY, and drains the outbox on every notification and on a slow
@@ -16,8 +17,8 @@
 // (the Relay, Run), listen.go (the LISTEN connection), loop.go (the drainer's
 // loop: when to drain), drain.go (one drain: batches until empty), wakeup.go
 // (the wake-up protocol's states and the relay's words to writers),
-// batch.go (one batch: claim, publish, record), claim.go (the claim's round
-// trip), publish.go (the XADD pipeline), outcome.go and mark.go (recording
+// batch.go (one batch: claim, publish through the broker, record), claim.go
+// (the claim's round trip), outcome.go and mark.go (recording
 // what the publish did), partitions.go (partition leases, with
 // Config.Ownership OwnPartitions), reap.go (expired claims back to pending),
 // trim.go (stream trimming), config.go, metrics.go and errors.go.
@@ -34,9 +35,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/tracing"
+	"github.com/tedbank/outbox/relay/broker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 var tracer = tracing.Tracer("github.com/tedbank/outbox/relay")
@@ -52,16 +54,15 @@ const (
 	releaseDelay = 100 * time.Millisecond
 )
 
-// Pipeliner is what the relay needs from Redis: *redis.Client satisfies it.
-type Pipeliner interface {
-	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
-}
+// Pipeliner is what the relay needs from Redis: *redis.Client and
+// *redis.ClusterClient satisfy it.
+type Pipeliner = redisbroker.Pipeliner
 
 // Relay moves events from outbox_messages to Redis Streams.
 type Relay struct {
 	cfg       Config
 	pool      *pgxpool.Pool
-	broker    broker
+	broker    broker.Broker
 	rdb       Pipeliner // with Redis Streams: what trimLoop trims (nil with NATS)
 	log       *slog.Logger
 	listenCfg *pgx.ConnConfig
@@ -146,22 +147,35 @@ type counters struct {
 	listenUp                                             atomic.Bool
 }
 
-// New returns a relay that claims from pool and publishes to rdb. It checks
-// cfg but does not connect; Run does.
+// New returns a relay that claims from pool and publishes to Redis Streams
+// through rdb (package redisbroker), trimming the streams as cfg says. It
+// checks cfg but does not connect; Run does.
 func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
-	r, err := newRelay(pool, cfg)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	eff := cfg.withDefaults()
+	b, err := redisbroker.New(rdb, redisbroker.Config{MinReplicas: eff.MinReplicas, ReplicaTimeout: eff.ReplicaTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	r, err := NewWithBroker(pool, b, cfg)
 	if err != nil {
 		return nil, err
 	}
 	r.rdb = rdb
-	r.broker = &redisBroker{rdb: rdb, cfg: r.cfg}
 	return r, nil
 }
 
-// newRelay returns a relay without its broker.
-func newRelay(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
+// NewWithBroker returns a relay that claims from pool and publishes through
+// b (package natsbroker's NewRelay is one). Trimming applies only to
+// relay.New's Redis Streams.
+func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if b == nil {
+		return nil, fmt.Errorf("%w: no broker", ErrConfig)
 	}
 	cfg = cfg.withDefaults()
 	listenCfg := cfg.ListenConfig
@@ -188,6 +202,7 @@ func newRelay(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		// "sleep" before it waits for a notification.
 		state:  unsure,
 		leases: leases{owner: cfg.Name},
+		broker: b,
 	}
 	return r, nil
 }
@@ -201,7 +216,7 @@ func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	if err := r.broker.ping(ctx); err != nil {
+	if err := r.broker.Ping(ctx); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
 	if !r.stats.listenUp.Load() {
@@ -238,10 +253,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
 
-	if p, ok := r.broker.(interface{ prepare(context.Context) error }); ok {
+	if p, ok := r.broker.(broker.Preparer); ok {
 		// Consumers can attach before the first event: best effort, the
 		// first publish tries again.
-		if err := p.prepare(ctx); err != nil {
+		if err := p.Prepare(ctx); err != nil {
 			r.log.Warn("preparing the broker failed; retrying at the first publish", slog.Any("error", err))
 		}
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/natsbroker"
 )
 
 // Result is one measurement; --json prints it as one line. The fields after
@@ -180,7 +181,7 @@ func (s *space) broker() string {
 // newRelay returns a relay of the space's broker claiming from pool.
 func (s *space) newRelay(pool *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
 	if s.js != nil {
-		return relay.NewJetStream(pool, relay.JetStream{JS: s.js, Stream: s.natsStream}, cfg)
+		return natsbroker.NewRelay(pool, natsbroker.Config{JS: s.js, Stream: s.natsStream}, cfg)
 	}
 	return relay.New(pool, s.rdb, cfg)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/natsbroker"
 )
 
 func runRelay(ctx context.Context, e *env, args []string) error {
@@ -97,7 +98,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		}
 		defer nc.Close()
 		newRelay = func() (*relay.Relay, error) {
-			return relay.NewJetStream(pool, relay.JetStream{JS: js, Stream: *natsStream, Duplicates: *natsDuplicates, MaxAge: *natsMaxAge}, cfg)
+			return natsbroker.NewRelay(pool, natsbroker.Config{JS: js, Stream: *natsStream, Duplicates: *natsDuplicates, MaxAge: *natsMaxAge}, cfg)
 		}
 	} else {
 		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})

@@ -24,6 +24,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/natsbroker"
 	"github.com/tedbank/outbox/transfer"
 	"github.com/tedbank/outbox/transfer/settled"
 )
@@ -212,7 +213,7 @@ func (r *run) relays(p int, gen string) (stop func()) {
 		var rl *relay.Relay
 		var err error
 		if r.c.broker == "nats" {
-			rl, err = relay.NewJetStream(r.pool, relay.JetStream{JS: r.js, Stream: r.nats}, cfg)
+			rl, err = natsbroker.NewRelay(r.pool, natsbroker.Config{JS: r.js, Stream: r.nats}, cfg)
 		} else {
 			rl, err = relay.New(r.pool, r.rdb.Client, cfg)
 		}

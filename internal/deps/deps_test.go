@@ -92,8 +92,10 @@ func TestDependencyRules(t *testing.T) {
 // the servers. The OpenTelemetry API (for spans a service's provider
 // records) and the Prometheus client stay.
 func TestLibraryFootprint(t *testing.T) {
-	library := []string{"", "transfer", "relay", "consumer", "consumer/inbox", "fraud", "ledger",
-		"partition", "relay/entry", "transfer/settled"}
+	library := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker", "relay/natsbroker",
+		"consumer", "consumer/inbox", "fraud", "ledger", "partition", "relay/entry", "transfer/settled"}
+	// Only the NATS broker links the NATS client: a team on Redis does not.
+	noNATS := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker"}
 	forbidden := []struct{ prefix, why string }{
 		{"go.opentelemetry.io/otel/sdk", "the OpenTelemetry SDK is the service's choice"},
 		{"go.opentelemetry.io/otel/exporters", "exporters are set up by the command (internal/traceexport)"},
@@ -123,7 +125,11 @@ func TestLibraryFootprint(t *testing.T) {
 	}
 	for _, line := range lines {
 		f := strings.Fields(line)
+		natsFree := slices.Contains(noNATS, strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/"))
 		for _, d := range f[1:] {
+			if natsFree && strings.HasPrefix(d, "github.com/nats-io/") {
+				t.Errorf("%s links %s: only the NATS broker packages link the NATS client", f[0], d)
+			}
 			for _, bad := range forbidden {
 				if strings.HasPrefix(d, bad.prefix) {
 					t.Errorf("%s links %s: %s", f[0], d, bad.why)

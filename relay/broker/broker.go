@@ -1,0 +1,106 @@
+// Package broker is the seam between the relay and where it publishes.
+//
+// A relay (package relay) claims outbox rows, hands them to a Broker in one
+// call per batch, and records what the Broker says of each: published (with
+// the broker's id of it), refused one by one (an attempt counted, retried
+// with backoff), or refused because the broker as a whole is unavailable (no
+// attempt counted; the relay backs off and retries the batch). Redis Streams
+// (package relay/redisbroker, the default of relay.New) and NATS JetStream
+// (package relay/natsbroker) are the two implementations; the relay's tests
+// and the conformance suite (internal/conformance) run against each.
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tedbank/outbox/internal/tracing"
+)
+
+// Message is one claimed outbox event, as a Broker publishes it.
+type Message struct {
+	ID            uuid.UUID
+	Seq           int64 // the outbox row's sequence: per-key order
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	Payload       []byte
+	Headers       []byte // JSON; carries the writer's trace context
+	Attempts      int    // publish attempts recorded before this one
+	CreatedAt     time.Time
+	PartitionKey  string
+}
+
+// Broker is where a relay publishes.
+type Broker interface {
+	// Publish sends msgs[i] to dests[i], in claim (seq) order, and returns
+	// each message's id at the broker (a stream entry id, a JetStream
+	// sequence) or why it failed. It returns once the broker has confirmed
+	// (or refused) each one, or ctx is done (the relay bounds it with
+	// Config.PublishTimeout). A message whose confirmation is lost may still
+	// have arrived: it is published again, and consumers deduplicate.
+	Publish(ctx context.Context, msgs []Message, dests []string) (ids []string, errs []error)
+	// Unavailable reports whether a publish error means the broker as a
+	// whole cannot take messages right now (down, unreachable, refusing
+	// writes), as opposed to a problem of one message. Errors wrapping
+	// ErrUnavailable are.
+	Unavailable(err error) bool
+	// MaybeSent reports whether a publish that failed with err may still
+	// have reached the broker (a lost or late reply), as opposed to a
+	// refusal or a message that never left the client. The relay starts
+	// such a message's redelivery window.
+	MaybeSent(err error) bool
+	// Ping checks that the broker answers (relay.Ready).
+	Ping(ctx context.Context) error
+}
+
+// Preparer is a Broker with work to do before the first publish (create a
+// stream): the relay calls Prepare when it starts, best effort.
+type Preparer interface {
+	Prepare(ctx context.Context) error
+}
+
+// ErrUnavailable marks errors that mean the broker as a whole is unavailable.
+var ErrUnavailable = errors.New("broker unavailable")
+
+var tracer = tracing.Tracer("github.com/tedbank/outbox/relay")
+
+// StartSpan starts the span of m's publication to dest on system ("redis",
+// "nats"), following OpenTelemetry's messaging conventions ("send <dest>"),
+// continuing the writer's trace. It returns the headers the message carries
+// on: the span's context, when it records.
+func StartSpan(ctx context.Context, m Message, dest, system string) ([]byte, trace.Span) {
+	sctx, span := tracer.Start(tracing.ExtractJSON(ctx, m.Headers), "send "+dest,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+			attribute.String("messaging.system", system),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "send"),
+			attribute.String("messaging.destination.name", dest),
+			attribute.String("messaging.message.id", m.ID.String()),
+			attribute.String("outbox.event_type", m.EventType)))
+	headers := m.Headers
+	if span.IsRecording() {
+		headers = tracing.ReplaceJSON(sctx, headers)
+	}
+	return headers, span
+}
+
+// EndSpans ends each span (nil ones skipped), recording errs[i] on spans[i].
+func EndSpans(spans []trace.Span, errs []error) {
+	for i, span := range spans {
+		if span == nil {
+			continue
+		}
+		if errs[i] != nil {
+			span.RecordError(errs[i])
+			span.SetStatus(codes.Error, errs[i].Error())
+		}
+		span.End()
+	}
+}
