@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"encoding/json"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"os/exec"
 	"testing"
 	"time"
@@ -112,7 +113,7 @@ func TestLedgerOnNATSCrashAfterCommitPostsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	c, err := ledger.NewJetStream(f.ledgerDB, f.Redis.Client, js, f.ledgerConfig("c1"))
+	c, err := ledger.NewWithSource(f.ledgerDB, f.Redis.Client, natssource.New(js), f.ledgerConfig("c1"))
 	if err != nil {
 		t.Fatal(err)
 	}

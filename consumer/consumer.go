@@ -1,5 +1,5 @@
-// Package consumer reads the events a relay publishes to a Redis Stream, as
-// a member of a consumer group, and applies each one's effect exactly once
+// Package consumer reads the events a relay publishes to a Redis Stream (or
+// a Source: package consumer/source), as a member of a consumer group, and applies each one's effect exactly once
 // through a Handler: the caller says what an event does; the package does the
 // rest. It reads the consumer's own pending entries first, then new ones;
 // claims the entries of consumers that died; divides the stream's partitions
@@ -20,7 +20,7 @@
 // worker per partition), message.go (Message, Batch, Handler), read.go
 // (what to read from Redis Streams: own pending entries, new entries, idle
 // entries of dead consumers, entries a previous partition owner left),
-// jetstream.go (reading NATS JetStream instead), handle.go (one batch:
+// fromsource.go (reading a Source instead: NATS JetStream in natssource), handle.go (one batch:
 // decode, handle, acknowledge), script.go (the Redis Lua path),
 // deadletter.go and deadletter.lua, ownership.go and lease.lua (partition
 // leases), name.go (one process per consumer name), keys.go, config.go and
@@ -38,9 +38,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer/source"
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
 )
@@ -51,15 +51,15 @@ var tracer = tracing.Tracer("github.com/tedbank/outbox/consumer")
 type Consumer struct {
 	cfg     Config
 	rdb     redis.Cmdable
-	js      jetstream.JetStream // set: messages come from NATS JetStream (jetstream.go), not Redis Streams
+	src     source.Source // set: messages come from it (fromsource.go), not from Redis Streams
 	handler Handler
 	keys    Keys    // the keys of the group as a whole (names, members)
 	parts   []part  // the stream's partitions
 	gates   []*gate // each partition's per-key order, for the single steps (Run's workers have their own)
 	log     *slog.Logger
 	stats   counters
-	// streamAgeChecked: the JetStream stream's max age was found covered
-	// by the handler's dedupe records (checkStreamAge).
+	// streamAgeChecked: the source's retention was found covered by the
+	// handler's dedupe records (checkStreamAge).
 	streamAgeChecked atomic.Bool
 	// token identifies this process in the consumer name's lease.
 	token        string
@@ -138,9 +138,9 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	if c.js != nil {
-		if _, err := c.js.AccountInfo(ctx); err != nil {
-			return fmt.Errorf("jetstream: %w", err)
+	if c.src != nil {
+		if err := c.src.Ping(ctx); err != nil {
+			return fmt.Errorf("%s: %w", c.src.System(), err)
 		}
 	}
 	if r, ok := c.handler.(interface{ Ready(context.Context) error }); ok {
@@ -165,8 +165,8 @@ func (c *Consumer) Stats() Stats {
 // recreated, the relay may already have appended entries that must not be
 // skipped.
 func (c *Consumer) EnsureGroup(ctx context.Context) error {
-	if c.js != nil {
-		return nil // a partition's durable consumer is created when it is taken over
+	if c.src != nil {
+		return nil // a partition is opened on the source when it is taken over
 	}
 	for _, pt := range c.parts {
 		if err := c.ensureGroup(ctx, pt); err != nil {
@@ -195,7 +195,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.EnsureGroup(ctx); err != nil {
 		return err
 	}
-	if err := c.checkStreamAge(ctx); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if err := c.checkStreamAge(ctx); err != nil {
 		return err // (a stream the relay has not created yet is checked when a partition is taken over)
 	}
 	if err := c.ensureNameFree(ctx); err != nil {
@@ -216,8 +216,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // feed is a partition as one of its workers applies it: fence is the lease
 // value the effects must find (empty: applied without ownership, by the
 // single steps ReadNew, ProcessPending and ClaimIdle); gate keeps each key's
-// order across reads (order.go; nil for JetStream, which reads a partition
-// again from its ack floor after any failure).
+// order across reads (order.go; nil for a Source, which reads a partition
+// again from what is unacknowledged after any failure).
 type feed struct {
 	part
 	fence string
@@ -227,8 +227,8 @@ type feed struct {
 // work applies partition pt while this consumer holds its lease with value
 // fence, until ctx is cancelled or the lease turns out lost.
 func (c *Consumer) work(ctx context.Context, pt part, fence string) {
-	if c.js != nil {
-		c.workJetStream(ctx, pt, fence)
+	if c.src != nil {
+		c.workSource(ctx, pt, fence)
 		return
 	}
 	f := feed{part: pt, fence: fence, gate: newGate()}

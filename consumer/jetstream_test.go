@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"slices"
 	"strings"
 	"sync"
@@ -67,7 +68,7 @@ func (e *jsEnv) run(h Handler, name string) *Consumer {
 	e.t.Helper()
 	cfg := e.cfg
 	cfg.Consumer = name
-	c, err := NewJetStream(e.rdb.Client, e.js, h, cfg)
+	c, err := NewWithSource(e.rdb.Client, natssource.New(e.js), h, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestJetStreamConsumerAppliesEachEventOnce(t *testing.T) {
 	}
 	stream, _ := e.js.StreamNameBySubject(context.Background(), e.cfg.Stream)
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
-		cons, err := Durable(context.Background(), e.js, stream, "test", 0)
+		cons, err := natssource.Durable(context.Background(), e.js, stream, "test", 0)
 		return err == nil && cons.CachedInfo().NumAckPending == 0 && cons.CachedInfo().AckFloor.Stream == 11
 	}, "not every message acknowledged")
 }
@@ -115,24 +116,20 @@ func TestJetStreamNewOwnerAppliesTheUnacknowledgedFirst(t *testing.T) {
 	// An earlier owner read them and died before acknowledging: its
 	// durable is left with them pending (their AckWait, 30s, far away).
 	ctx := context.Background()
-	old, err := NewJetStream(e.rdb.Client, e.js, h, e.cfg)
+	old, err := NewWithSource(e.rdb.Client, natssource.New(e.js), h, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	oldFeed := old.takeOver(t, 0)
-	cons, err := old.takeOverJetStream(ctx, oldFeed)
+	rd, err := old.openSource(ctx, oldFeed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	msgs, err := rd.Read(ctx, 3, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	read := 0
-	for range batch.Messages() {
-		read++
-	}
-	if read != 3 {
+	if read := len(msgs); read != 3 {
 		t.Fatalf("the earlier owner read %d, want 3", read)
 	}
 	e.publish(uuid.New(), "late-0")
@@ -219,7 +216,7 @@ func TestJetStreamConsumerReplacesAHalfOpenConnection(t *testing.T) {
 	h := newRecorder(e.rdb.Client)
 	cfg := e.cfg
 	cfg.Block = time.Second
-	c, err := NewJetStream(e.rdb.Client, js, h, cfg)
+	c, err := NewWithSource(e.rdb.Client, natssource.New(js), h, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +278,7 @@ func TestJetStreamStaleOwnerReadsNothingOfTheNewOwners(t *testing.T) {
 
 	cfg := e.cfg
 	cfg.Consumer = "a"
-	a, err := NewJetStream(viaProxy, e.js, h, cfg)
+	a, err := NewWithSource(viaProxy, natssource.New(e.js), h, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,52 +344,43 @@ func TestJetStreamOldOwnersDurableFetchesNothingNew(t *testing.T) {
 	h := newRecorder(e.rdb.Client)
 	cfgA, cfgB := e.cfg, e.cfg
 	cfgA.Consumer, cfgB.Consumer = "a", "b"
-	a, err := NewJetStream(e.rdb.Client, e.js, h, cfgA)
+	a, err := NewWithSource(e.rdb.Client, natssource.New(e.js), h, cfgA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := NewJetStream(e.rdb.Client, e.js, h, cfgB)
+	b, err := NewWithSource(e.rdb.Client, natssource.New(e.js), h, cfgB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	fa := a.takeOver(t, 0)
-	consA, err := a.takeOverJetStream(ctx, fa)
+	rdA, err := a.openSource(ctx, fa)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.expire(t, fa) // a stalls past its lease
 	fb := b.takeOver(t, 0)
-	consB, err := b.takeOverJetStream(ctx, fb)
+	rdB, err := b.openSource(ctx, fb)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.publish(uuid.New(), "after-takeover")
-	stolen := 0
-	if batch, err := consA.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond)); err == nil {
-		for range batch.Messages() {
-			stolen++
-		}
-	}
-	if stolen != 0 {
+	stolen, _ := rdA.Read(ctx, 1, 300*time.Millisecond)
+	if stolen := len(stolen); stolen != 0 {
 		t.Fatalf("the old owner's handle fetched %d message(s) of the new owner's", stolen)
 	}
-	batch, err := consB.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	msgs, err := rdB.Read(ctx, 1, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := 0
-	for range batch.Messages() {
-		got++
-	}
-	if got != 1 {
+	if got := len(msgs); got != 1 {
 		t.Fatalf("the new owner fetched %d, want the message", got)
 	}
 	// The old owner, retaking the partition, is fenced: its lease is gone.
-	if _, err := a.takeOverJetStream(ctx, fa); !errors.Is(err, ErrFenced) {
+	if _, err := a.openSource(ctx, fa); !errors.Is(err, ErrFenced) {
 		t.Fatalf("the old owner's takeover after losing its lease: %v, want ErrFenced", err)
 	}
 	stream, _ := e.js.StreamNameBySubject(ctx, e.cfg.Stream)
-	if cur, err := Durable(ctx, e.js, stream, "test", 0); err != nil || cur.CachedInfo().Name != DurableNameOf("test", 0, mustEpoch(t, fb.fence)) {
+	if cur, err := natssource.Durable(ctx, e.js, stream, "test", 0); err != nil || cur.CachedInfo().Name != natssource.DurableNameOf("test", 0, mustEpoch(t, fb.fence)) {
 		t.Fatalf("the partition's durable: %v (%v), want the new owner's", cur, err)
 	}
 }
@@ -419,14 +407,14 @@ func (r ttlRecorder) DedupeTTL() time.Duration { return r.ttl }
 // less long than that are refused when the consumer starts.
 func TestJetStreamDedupeRecordsMustOutliveTheStream(t *testing.T) {
 	e := newJSEnv(t) // the stream keeps messages natsjs.DefaultMaxAge, 7 days
-	short, err := NewJetStream(e.rdb.Client, e.js, ttlRecorder{newRecorder(e.rdb.Client), 2 * time.Hour}, e.cfg)
+	short, err := NewWithSource(e.rdb.Client, natssource.New(e.js), ttlRecorder{newRecorder(e.rdb.Client), 2 * time.Hour}, e.cfg)
 	if err != nil {
 		t.Fatalf("2h of records against the relays' redelivery window: %v", err)
 	}
 	if err := short.Run(context.Background()); !errors.Is(err, ErrConfig) {
 		t.Fatalf("records kept 2h on a stream that keeps messages 7 days: %v, want ErrConfig", err)
 	}
-	long, err := NewJetStream(e.rdb.Client, e.js, ttlRecorder{newRecorder(e.rdb.Client), natsjs.DefaultMaxAge}, e.cfg)
+	long, err := NewWithSource(e.rdb.Client, natssource.New(e.js), ttlRecorder{newRecorder(e.rdb.Client), natsjs.DefaultMaxAge}, e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

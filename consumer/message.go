@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/source"
 	"time"
 
 	"github.com/google/uuid"
@@ -121,8 +122,9 @@ var (
 	// applied (it does not decode): it is dead-lettered.
 	ErrInvalid = errors.New("invalid event")
 	// ErrFenced is wrapped by the error of an effect refused because the
-	// partition's lease no longer holds this consumer's value.
-	ErrFenced = errors.New("partition lease lost")
+	// partition's lease no longer holds this consumer's value (or a
+	// Source found a newer owner: it is source.ErrFenced).
+	ErrFenced = source.ErrFenced
 )
 
 // Invalid returns an error that wraps ErrInvalid.

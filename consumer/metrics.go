@@ -2,10 +2,9 @@ package consumer
 
 import (
 	"context"
-	"errors"
+	"github.com/tedbank/outbox/consumer/source"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -95,18 +94,18 @@ func (m *Metrics) observeBatch(d time.Duration) {
 // XINFO GROUPS at scrape time.
 type GroupCollector struct {
 	rdb              redis.Cmdable
-	js               jetstream.JetStream // set: the group's durable consumers on JetStream are read instead
+	src              source.Source // set: the group's partitions on the source are read instead
 	stream, group    string
 	partitions       int
 	pending, lag, up *prometheus.Desc
 }
 
-// WithJetStream makes the collector read the group's durable consumers on
-// NATS JetStream (NewJetStream): pending is their messages delivered and not
-// acknowledged, lag those not delivered yet; outbox_<name>_redis_up then
-// says whether JetStream could be read.
-func (c *GroupCollector) WithJetStream(js jetstream.JetStream) *GroupCollector {
-	c.js = js
+// WithSource makes the collector read the group's partitions on src
+// (NewWithSource; on NATS JetStream, its durable consumers): pending is
+// their messages delivered and not acknowledged, lag those not delivered
+// yet; outbox_<name>_redis_up then says whether the source could be read.
+func (c *GroupCollector) WithSource(src source.Source) *GroupCollector {
+	c.src = src
 	return c
 }
 
@@ -142,8 +141,8 @@ func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if c.js != nil {
-		c.collectJetStream(ctx, ch)
+	if c.src != nil {
+		c.collectSource(ctx, ch)
 		return
 	}
 	var pending, lag int64
@@ -172,31 +171,21 @@ func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// collectJetStream reads the group's durable consumers on JetStream.
-func (c *GroupCollector) collectJetStream(ctx context.Context, ch chan<- prometheus.Metric) {
+// collectSource reads the group's partitions on the source.
+func (c *GroupCollector) collectSource(ctx context.Context, ch chan<- prometheus.Metric) {
 	var pending, lag int64
 	found := false
 	for p, subject := range partition.Streams(c.stream, max(c.partitions, 1)) {
-		stream, err := c.js.StreamNameBySubject(ctx, subject)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			continue
-		}
+		pn, ln, ok, err := c.src.Backlog(ctx, c.group, subject, p)
 		if err != nil {
 			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 			return
 		}
-		cons, err := Durable(ctx, c.js, stream, c.group, p)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			continue
+		if ok {
+			found = true
+			pending += pn
+			lag += ln
 		}
-		if err != nil {
-			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-			return
-		}
-		info := cons.CachedInfo()
-		found = true
-		pending += int64(info.NumAckPending)
-		lag += int64(info.NumPending)
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	if found {

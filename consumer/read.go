@@ -21,7 +21,7 @@ import (
 // (internal/consumertest); with several partitions stepReadNew reads them in
 // one command, which a Redis Cluster refuses.
 func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
-	if c.js != nil {
+	if c.src != nil {
 		return 0, errSingleStepsRedisOnly
 	}
 	streams := make([]string, 0, 2*len(c.parts))
@@ -130,7 +130,7 @@ func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) erro
 // entries of every partition, from the oldest, until none is left that it
 // has not tried in this pass (a single step of Run: see stepReadNew).
 func (c *Consumer) stepProcessPending(ctx context.Context) error {
-	if c.js != nil {
+	if c.src != nil {
 		return errSingleStepsRedisOnly
 	}
 	for _, pt := range c.parts {
@@ -182,7 +182,7 @@ func (c *Consumer) processPending(ctx context.Context, f feed) error {
 // ClaimMinIdle (their consumer died, or they keep failing) and processes
 // them (a single step of Run: see stepReadNew). It returns how many it claimed.
 func (c *Consumer) stepClaimIdle(ctx context.Context) (int, error) {
-	if c.js != nil {
+	if c.src != nil {
 		return 0, errSingleStepsRedisOnly
 	}
 	total := 0

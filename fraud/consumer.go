@@ -21,10 +21,10 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/consumer/source"
 )
 
 // Consumer is one member of the anti-fraud consumer group: a
@@ -49,12 +49,12 @@ func New(rdb redis.Cmdable, cfg Config) (*Consumer, error) {
 	})
 }
 
-// NewJetStream returns a consumer reading from NATS JetStream (js) instead
-// of Redis Streams; its effects, leases and dead letters stay in rdb
-// (consumer.NewJetStream).
-func NewJetStream(rdb redis.Cmdable, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+// NewWithSource returns a consumer reading from src (NATS JetStream:
+// natssource.New) instead of Redis Streams; its effects, leases and dead
+// letters stay in rdb (consumer.NewWithSource).
+func NewWithSource(rdb redis.Cmdable, src source.Source, cfg Config) (*Consumer, error) {
 	return newConsumer(rdb, cfg, func(h consumer.Handler, cc consumer.Config) (*consumer.Consumer, error) {
-		return consumer.NewJetStream(rdb, js, h, cc)
+		return consumer.NewWithSource(rdb, src, h, cc)
 	})
 }
 

@@ -17,11 +17,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
+	"github.com/tedbank/outbox/consumer/source"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/transfer/settled"
@@ -85,14 +85,14 @@ func New(db *pgxpool.Pool, rdb redis.Cmdable, cfg Config) (*consumer.Consumer, e
 	return consumer.New(rdb, in, cc)
 }
 
-// NewJetStream returns a ledger consumer that reads from NATS JetStream
-// (js), keeps its leases in rdb and posts to db.
-func NewJetStream(db *pgxpool.Pool, rdb redis.Cmdable, js jetstream.JetStream, cfg Config) (*consumer.Consumer, error) {
+// NewWithSource returns a ledger consumer that reads from src (NATS
+// JetStream: natssource.New), keeps its leases in rdb and posts to db.
+func NewWithSource(db *pgxpool.Pool, rdb redis.Cmdable, src source.Source, cfg Config) (*consumer.Consumer, error) {
 	in, cc, err := cfg.parts(db)
 	if err != nil {
 		return nil, err
 	}
-	return consumer.NewJetStream(rdb, js, in, cc)
+	return consumer.NewWithSource(rdb, src, in, cc)
 }
 
 // parts are the inbox and the consumer group's configuration of cfg.

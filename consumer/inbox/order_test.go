@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"slices"
 	"testing"
@@ -200,7 +201,7 @@ func TestRunningConsumerKeepsAKeysOrderAcrossRetries(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				c, err = consumer.NewJetStream(l.rdb.Client, js, in, cfg)
+				c, err = consumer.NewWithSource(l.rdb.Client, natssource.New(js), in, cfg)
 			}
 			if err != nil {
 				t.Fatal(err)

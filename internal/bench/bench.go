@@ -20,6 +20,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"log/slog"
 	"math"
 	"slices"
@@ -189,7 +190,7 @@ func (s *space) newRelay(pool *pgxpool.Pool, cfg relay.Config) (*relay.Relay, er
 // newFraud returns an anti-fraud consumer reading the space's broker.
 func (s *space) newFraud(cfg fraud.Config) (*fraud.Consumer, error) {
 	if s.js != nil {
-		return fraud.NewJetStream(s.rdb, s.js, cfg)
+		return fraud.NewWithSource(s.rdb, natssource.New(s.js), cfg)
 	}
 	return fraud.New(s.rdb, cfg)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -143,7 +144,7 @@ func (s *space) consumers(ctx context.Context, e Env, effect, stream string, n, 
 				BatchSize: batch, Block: 100 * time.Millisecond, Logger: e.Log, Partitions: e.partitions()}}
 			var err error
 			if s.js != nil {
-				cs[i], err = ledger.NewJetStream(s.pool, s.rdb, s.js, cfg)
+				cs[i], err = ledger.NewWithSource(s.pool, s.rdb, natssource.New(s.js), cfg)
 			} else {
 				cs[i], err = ledger.New(s.pool, s.rdb, cfg)
 			}
@@ -166,7 +167,7 @@ func (s *space) consumers(ctx context.Context, e Env, effect, stream string, n, 
 func (s *space) nonePending(ctx context.Context, stream string, parts int, group string) bool {
 	for p, sub := range partition.Streams(stream, parts) {
 		if s.js != nil {
-			cons, err := consumer.Durable(ctx, s.js, s.natsStream, group, p)
+			cons, err := natssource.Durable(ctx, s.js, s.natsStream, group, p)
 			if err != nil || cons.CachedInfo().NumAckPending != 0 || cons.CachedInfo().NumPending != 0 {
 				return false
 			}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/internal/testenv"
@@ -51,7 +51,7 @@ func (r *run) natsGroup(ctx context.Context) (pending int64, delivered bool, err
 		if err != nil {
 			return 0, false, err
 		}
-		cons, err := consumer.Durable(ctx, r.js, name, group, p)
+		cons, err := natssource.Durable(ctx, r.js, name, group, p)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
 			delivered = false // not taken over yet
 			continue

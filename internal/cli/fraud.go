@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"runtime"
 	"strconv"
 	"time"
@@ -109,8 +110,8 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer nc.Close()
-		collector.WithJetStream(js)
-		newConsumer = func() (*fraud.Consumer, error) { return fraud.NewJetStream(rdb, js, cfg) }
+		collector.WithSource(natssource.New(js))
+		newConsumer = func() (*fraud.Consumer, error) { return fraud.NewWithSource(rdb, natssource.New(js), cfg) }
 	}
 	if *metricsAddr != "" {
 		cfg.Metrics = fraud.NewMetrics(reg)

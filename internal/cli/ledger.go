@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"runtime"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -114,8 +115,8 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer nc.Close()
-		collector.WithJetStream(js)
-		newConsumer = func() (*consumer.Consumer, error) { return ledger.NewJetStream(db, rdb, js, cfg) }
+		collector.WithSource(natssource.New(js))
+		newConsumer = func() (*consumer.Consumer, error) { return ledger.NewWithSource(db, rdb, natssource.New(js), cfg) }
 	}
 	if *metricsAddr != "" {
 		cc.Metrics = consumer.NewMetrics(reg, "ledger", "")

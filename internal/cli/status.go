@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"io"
 	"maps"
 	"slices"
@@ -15,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/queries"
@@ -336,7 +336,7 @@ func readJetStreamStatus(ctx context.Context, js jetstream.JetStream, st *Status
 			return fmt.Errorf("read JetStream stream %s: %w", name, err)
 		}
 		ps.StreamLength = int64(info.State.Subjects[ps.Stream])
-		cons, err := consumer.Durable(ctx, js, name, st.Group, p)
+		cons, err := natssource.Durable(ctx, js, name, st.Group, p)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			st.GroupExists = false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"os"
 	"slices"
 	"strings"
@@ -252,7 +253,7 @@ func (r *run) newConsumer(rdb redis.Cmdable, name string, p int) runner {
 			ClaimInterval: 500 * time.Millisecond, ClaimMinIdle: 3 * time.Second, Partitions: p, PartitionLease: time.Second,
 			AuditLen: 100_000}
 		if r.c.broker == "nats" {
-			c, err = fraud.NewJetStream(rdb, r.js, cfg)
+			c, err = fraud.NewWithSource(rdb, natssource.New(r.js), cfg)
 		} else {
 			c, err = fraud.New(rdb, cfg)
 		}
@@ -264,7 +265,7 @@ func (r *run) newConsumer(rdb redis.Cmdable, name string, p int) runner {
 		cfg := consumer.Config{Name: "conformance", Stream: r.stream, KeyPrefix: r.keys, Consumer: name, Block: 100 * time.Millisecond,
 			ClaimInterval: 500 * time.Millisecond, ClaimMinIdle: 3 * time.Second, Partitions: p, PartitionLease: time.Second}
 		if r.c.broker == "nats" {
-			c, err = consumer.NewJetStream(rdb, r.js, in, cfg)
+			c, err = consumer.NewWithSource(rdb, natssource.New(r.js), in, cfg)
 		} else {
 			c, err = consumer.New(rdb, in, cfg)
 		}

@@ -68,7 +68,7 @@ func TestDependencyRules(t *testing.T) {
 	}
 	// The contracts are leaves: a consumer in another repository links them
 	// and nothing else of this one.
-	for _, leaf := range []string{"transfer/settled", "relay/entry", "partition"} {
+	for _, leaf := range []string{"transfer/settled", "relay/entry", "partition", "consumer/source"} {
 		if deps, ok := all[leaf]; !ok || len(deps) > 0 {
 			t.Errorf("%s imports %v (listed: %v): it must import nothing of the project", leaf, deps, ok)
 		}
@@ -93,9 +93,12 @@ func TestDependencyRules(t *testing.T) {
 // records) and the Prometheus client stay.
 func TestLibraryFootprint(t *testing.T) {
 	library := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker", "relay/natsbroker",
-		"consumer", "consumer/inbox", "fraud", "ledger", "partition", "relay/entry", "transfer/settled"}
-	// Only the NATS broker links the NATS client: a team on Redis does not.
-	noNATS := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker"}
+		"consumer", "consumer/source", "consumer/natssource", "consumer/inbox", "fraud", "ledger",
+		"partition", "relay/entry", "transfer/settled"}
+	// Only the NATS broker and source link the NATS client: a team on Redis
+	// does not.
+	noNATS := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker",
+		"consumer", "consumer/source", "consumer/inbox", "fraud", "ledger"}
 	forbidden := []struct{ prefix, why string }{
 		{"go.opentelemetry.io/otel/sdk", "the OpenTelemetry SDK is the service's choice"},
 		{"go.opentelemetry.io/otel/exporters", "exporters are set up by the command (internal/traceexport)"},
@@ -128,7 +131,7 @@ func TestLibraryFootprint(t *testing.T) {
 		natsFree := slices.Contains(noNATS, strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/"))
 		for _, d := range f[1:] {
 			if natsFree && strings.HasPrefix(d, "github.com/nats-io/") {
-				t.Errorf("%s links %s: only the NATS broker packages link the NATS client", f[0], d)
+				t.Errorf("%s links %s: only relay/natsbroker and consumer/natssource link the NATS client", f[0], d)
 			}
 			for _, bad := range forbidden {
 				if strings.HasPrefix(d, bad.prefix) {
