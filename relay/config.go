@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,6 +120,15 @@ type Config struct {
 	StreamPrefix string
 	// Stream, when set, is the one stream every event goes to instead.
 	Stream string
+	// CloudEvents adds to every entry (and JetStream message) the event's
+	// CloudEvents 1.0 attributes in binary content mode: ce_id, ce_type,
+	// ce_source, ce_time, ce_specversion, ce_partitionkey and content-type
+	// (package relay/entry), for consumers that speak CloudEvents. Off by
+	// default; the entry's own fields are written either way.
+	CloudEvents bool
+	// CloudEventsSource is the ce_source attribute (a URI reference).
+	// Default "/outbox/<aggregate_type>".
+	CloudEventsSource string
 	// Partitions splits each stream into this many partition streams
 	// (package partition): an event goes to partition.Of(its partition key)
 	// and the stream partition.Stream(key, p, Partitions), which carries
@@ -234,6 +245,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
+	case c.CloudEventsSource != "" && !c.CloudEvents:
+		return fmt.Errorf("CloudEvents source %q given with CloudEvents off: turn them on (--cloudevents) or leave the source out", c.CloudEventsSource)
+	case c.CloudEventsSource != "" && !uriReference(c.CloudEventsSource):
+		return fmt.Errorf("CloudEvents source %q: must be a URI reference without spaces (such as /bank/ted or urn:bank:ted)", c.CloudEventsSource)
 	case partition.Validate(c.Partitions) != nil:
 		return partition.Validate(c.Partitions)
 	case c.MinReplicas < 0:
@@ -272,4 +287,14 @@ func (c Config) baseStream(aggregateType string) string {
 func (c Config) streamKey(aggregateType, partitionKey string) string {
 	n := c.Partitions
 	return partition.Stream(c.baseStream(aggregateType), partition.Of(partitionKey, n), n)
+}
+
+// uriReference reports whether s is a URI reference (RFC 3986), as
+// CloudEvents' source must be.
+func uriReference(s string) bool {
+	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return false
+	}
+	_, err := url.Parse(s)
+	return err == nil
 }

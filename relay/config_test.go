@@ -52,17 +52,19 @@ func TestConfigTrimsStreamsByDefault(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	for name, c := range map[string]Config{
-		"negative batch":            {BatchSize: -1},
-		"huge batch":                {BatchSize: MaxBatchSize + 1},
-		"negative lease":            {Lease: -time.Second},
-		"publish longer than lease": {Lease: time.Second, PublishTimeout: 2 * time.Second},
-		"negative poll":             {PollInterval: -1},
-		"busy pace over a second":   {BusyPace: 2 * time.Second},
-		"zero attempts":             {MaxAttempts: -3},
-		"backoff inverted":          {BackoffBase: time.Minute, BackoffMax: time.Second},
-		"bad channel":               {Channel: "Outbox; DROP TABLE x"},
-		"bad stream":                {Stream: "a b"},
-		"bad prefix":                {StreamPrefix: "x\n"},
+		"negative batch":             {BatchSize: -1},
+		"huge batch":                 {BatchSize: MaxBatchSize + 1},
+		"negative lease":             {Lease: -time.Second},
+		"publish longer than lease":  {Lease: time.Second, PublishTimeout: 2 * time.Second},
+		"negative poll":              {PollInterval: -1},
+		"busy pace over a second":    {BusyPace: 2 * time.Second},
+		"zero attempts":              {MaxAttempts: -3},
+		"backoff inverted":           {BackoffBase: time.Minute, BackoffMax: time.Second},
+		"bad channel":                {Channel: "Outbox; DROP TABLE x"},
+		"bad stream":                 {Stream: "a b"},
+		"bad prefix":                 {StreamPrefix: "x\n"},
+		"source without cloudevents": {CloudEventsSource: "/bank/ted"},
+		"source with a space":        {CloudEvents: true, CloudEventsSource: "/bank ted"},
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: Validate(%+v) = %v, want an ErrConfig", name, c, err)

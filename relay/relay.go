@@ -155,7 +155,8 @@ func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
 		return nil, err
 	}
 	eff := cfg.withDefaults()
-	b, err := redisbroker.New(rdb, redisbroker.Config{MinReplicas: eff.MinReplicas, ReplicaTimeout: eff.ReplicaTimeout})
+	b, err := redisbroker.New(rdb, redisbroker.Config{MinReplicas: eff.MinReplicas, ReplicaTimeout: eff.ReplicaTimeout,
+		CloudEvents: broker.CloudEvents{Enabled: eff.CloudEvents, Source: eff.CloudEventsSource}})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

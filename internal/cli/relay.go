@@ -29,6 +29,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Redelivery, "redelivery-window", 0, "how long after an event may first have reached the broker (unmarked) it may be published again; after it the event goes dead. 0: max-attempts × (lease + reap + publish timeout + backoff max), 58m by default. The consumers' --relay-redelivery must be at least this")
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
+	fs.BoolVar(&cfg.CloudEvents, "cloudevents", false, "also write each event's CloudEvents 1.0 attributes, binary mode: ce_id, ce_type, ce_source, ce_time, ce_specversion, ce_partitionkey, content-type (and the NATS binding's ce-* headers on JetStream)")
+	fs.StringVar(&cfg.CloudEventsSource, "cloudevents-source", "", "the ce_source attribute with --cloudevents (default /outbox/<aggregate_type>)")
 	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
 	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
 	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")

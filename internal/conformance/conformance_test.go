@@ -210,7 +210,10 @@ func (r *run) relays(p int, gen string) (stop func()) {
 	var stops []func()
 	for i := range 2 {
 		cfg := relay.Config{Name: fmt.Sprintf("r%s%d", gen, i), StreamPrefix: r.prefix, Ownership: r.c.ownership, Partitions: p,
-			PollInterval: time.Second, Lease: 2 * time.Second, ReapInterval: 300 * time.Millisecond}
+			PollInterval: time.Second, Lease: 2 * time.Second, ReapInterval: 300 * time.Millisecond,
+			// Half the combinations publish CloudEvents attributes too:
+			// the consumers read their own fields alongside.
+			CloudEvents: r.c.partitions == 4}
 		var rl *relay.Relay
 		var err error
 		if r.c.broker == "nats" {

@@ -14,7 +14,9 @@
 // P = 4, the documented change from P = 1 midway (with a relay killed
 // between its publish and its mark under the old layout). It then checks
 // the contract: no event lost, each applied exactly once, each key's events
-// applied in commit order.
+// applied in commit order. The P = 4 combinations' relays also write the
+// CloudEvents attributes (relay.Config.CloudEvents), which the consumers
+// read past.
 //
 // A broker, effect path or mode is done only when this suite runs it
 // (make test runs it; CONFORMANCE_ONLY=<name> runs one combination).

@@ -104,3 +104,39 @@ func EndSpans(spans []trace.Span, errs []error) {
 		span.End()
 	}
 }
+
+// CloudEvents says whether a broker adds each message's CloudEvents 1.0
+// attributes (binary content mode: the payload is the event's data) to the
+// fields it always writes (package relay/entry's CE* names).
+type CloudEvents struct {
+	Enabled bool
+	// Source is the ce_source attribute; empty: "/outbox/<aggregate_type>".
+	Source string
+}
+
+// Attribute is one CloudEvents attribute, named without a prefix ("id").
+type Attribute struct{ Name, Value string }
+
+// ContentType is the payload's media type (datacontenttype): the outbox
+// payload is JSON.
+const ContentType = "application/json"
+
+// Attributes returns m's CloudEvents attributes, or nil when c is not
+// enabled.
+func (c CloudEvents) Attributes(m Message) []Attribute {
+	if !c.Enabled {
+		return nil
+	}
+	source := c.Source
+	if source == "" {
+		source = "/outbox/" + m.AggregateType
+	}
+	return []Attribute{
+		{"specversion", "1.0"},
+		{"id", m.ID.String()},
+		{"type", m.EventType},
+		{"source", source},
+		{"time", m.CreatedAt.UTC().Format(time.RFC3339Nano)},
+		{"partitionkey", m.PartitionKey},
+	}
+}

@@ -22,3 +22,29 @@ const (
 	Seq           = "seq"
 	PartitionKey  = "partition_key"
 )
+
+// CloudEvents binary content mode (relay.Config.CloudEvents; off by
+// default): an entry also carries the event's CloudEvents 1.0 attributes,
+// each in a field of its own, the payload being the event's data. The
+// fields above stay the contract; these are added to them. On NATS
+// JetStream the same attributes are also written as the NATS protocol
+// binding's headers (CEHeaderPrefix: "ce-id", "ce-type", ...), which the
+// CloudEvents SDKs read.
+const (
+	CEID          = "ce_id"          // the event id
+	CEType        = "ce_type"        // the event type ("transfer.settled")
+	CESource      = "ce_source"      // relay.Config.CloudEventsSource, default "/outbox/<aggregate_type>"
+	CETime        = "ce_time"        // occurred_at (RFC 3339)
+	CESpecVersion = "ce_specversion" // "1.0"
+	// CEPartitionKey is the partitioning extension's partitionkey: the
+	// event's partition key.
+	CEPartitionKey = "ce_partitionkey"
+	// ContentType is the data's media type (datacontenttype):
+	// "application/json".
+	ContentType = "content-type"
+
+	// CEFieldPrefix prefixes the attributes in a stream entry;
+	// CEHeaderPrefix in the NATS binding's headers.
+	CEFieldPrefix  = "ce_"
+	CEHeaderPrefix = "ce-"
+)

@@ -48,6 +48,11 @@ type Config struct {
 	MaxAge time.Duration
 	// Replicas is the stream's replication in a clustered JetStream.
 	Replicas int
+	// CloudEvents adds each event's CloudEvents attributes as headers, both
+	// as the NATS protocol binding names them ("ce-id", ...: what the
+	// CloudEvents SDKs read) and as the stream entries do ("ce_id", ...),
+	// with content-type. NewRelay takes it from relay.Config.
+	CloudEvents broker.CloudEvents
 }
 
 // NewRelay returns a relay that claims from pool and publishes to NATS
@@ -59,6 +64,9 @@ func NewRelay(pool *pgxpool.Pool, c Config, rc relay.Config) (*relay.Relay, erro
 		rc.StreamPrefix = relay.DefaultStreamPrefix
 	}
 	c.SubjectPrefix = rc.StreamPrefix
+	if rc.CloudEvents {
+		c.CloudEvents = broker.CloudEvents{Enabled: true, Source: rc.CloudEventsSource}
+	}
 	b, err := New(c)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", relay.ErrConfig, err)
@@ -71,6 +79,7 @@ type Broker struct {
 	js     jetstream.JetStream
 	stream natsjs.Stream
 	name   string // the stream's name, with its default
+	ce     broker.CloudEvents
 
 	mu      sync.Mutex
 	ensured bool // the stream exists with its settings (again after it was found missing)
@@ -91,7 +100,7 @@ func New(c Config) (*Broker, error) {
 	if err := stream.Validate(); err != nil {
 		return nil, err
 	}
-	return &Broker{js: c.JS, stream: stream, name: cmp.Or(c.Stream, natsjs.DefaultStream)}, nil
+	return &Broker{js: c.JS, stream: stream, name: cmp.Or(c.Stream, natsjs.DefaultStream), ce: c.CloudEvents}, nil
 }
 
 // Ping checks that the JetStream account answers.
@@ -167,6 +176,13 @@ func (b *Broker) Publish(ctx context.Context, msgs []broker.Message, subjects []
 			entry.Seq:             {strconv.FormatInt(m.Seq, 10)},
 			entry.PartitionKey:    {m.PartitionKey},
 		}}
+		if attrs := b.ce.Attributes(m); attrs != nil {
+			for _, a := range attrs {
+				msg.Header[entry.CEHeaderPrefix+a.Name] = []string{a.Value}
+				msg.Header[entry.CEFieldPrefix+a.Name] = []string{a.Value}
+			}
+			msg.Header[entry.ContentType] = []string{broker.ContentType}
+		}
 		futures[i], errs[i] = b.js.PublishMsgAsync(msg, jetstream.WithExpectStream(b.name))
 	}
 	for i, f := range futures {

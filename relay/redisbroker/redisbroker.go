@@ -33,6 +33,9 @@ type Config struct {
 	MinReplicas int
 	// ReplicaTimeout bounds the WAIT. Required with MinReplicas.
 	ReplicaTimeout time.Duration
+	// CloudEvents adds each event's CloudEvents attributes to its entry
+	// (entry.CEID, ...), after the fields it always has.
+	CloudEvents broker.CloudEvents
 }
 
 // ErrNotReplicated: Redis took the entries, but fewer replicas than
@@ -141,20 +144,24 @@ func (b *Broker) publishOn(ctx context.Context, rdb Pipeliner, idx []int, msgs [
 			// Continue the writer's trace; the entry carries this span on.
 			var headers []byte
 			headers, spans[i] = broker.StartSpan(ctx, m, streams[i], "redis")
-			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
-				Stream: streams[i],
-				Values: []any{
-					entry.EventID, m.ID.String(),
-					entry.EventType, m.EventType,
-					entry.AggregateType, m.AggregateType,
-					entry.AggregateID, m.AggregateID,
-					entry.Payload, m.Payload,
-					entry.Headers, headers,
-					entry.OccurredAt, m.CreatedAt.UTC().Format(time.RFC3339Nano),
-					entry.Seq, m.Seq,
-					entry.PartitionKey, m.PartitionKey,
-				},
-			})
+			values := []any{
+				entry.EventID, m.ID.String(),
+				entry.EventType, m.EventType,
+				entry.AggregateType, m.AggregateType,
+				entry.AggregateID, m.AggregateID,
+				entry.Payload, m.Payload,
+				entry.Headers, headers,
+				entry.OccurredAt, m.CreatedAt.UTC().Format(time.RFC3339Nano),
+				entry.Seq, m.Seq,
+				entry.PartitionKey, m.PartitionKey,
+			}
+			if attrs := b.cfg.CloudEvents.Attributes(m); attrs != nil {
+				for _, a := range attrs {
+					values = append(values, entry.CEFieldPrefix+a.Name, a.Value)
+				}
+				values = append(values, entry.ContentType, broker.ContentType)
+			}
+			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{Stream: streams[i], Values: values})
 		}
 		if b.cfg.MinReplicas > 0 {
 			// On the pipeline's connection: WAIT counts the replicas that
