@@ -16,10 +16,10 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
-	"github.com/tedbank/outbox/internal/reconcile"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/reconcile"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )

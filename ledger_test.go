@@ -13,8 +13,8 @@ import (
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/outboxtest"
-	"github.com/tedbank/outbox/internal/reconcile"
 	"github.com/tedbank/outbox/ledger"
+	"github.com/tedbank/outbox/reconcile"
 	"github.com/tedbank/outbox/transfer"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
-	"github.com/tedbank/outbox/internal/reconcile"
+	"github.com/tedbank/outbox/reconcile"
 )
 
 // outbox reconcile finds, after a clean run, nothing; then each planted

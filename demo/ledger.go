@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/consumer"
-	"github.com/tedbank/outbox/internal/reconcile"
 	"github.com/tedbank/outbox/ledger"
+	"github.com/tedbank/outbox/reconcile"
 	"github.com/tedbank/outbox/transfer"
 )
 

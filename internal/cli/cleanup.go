@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tedbank/outbox/internal/admin"
+	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/connect"
 )
 

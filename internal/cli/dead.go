@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tedbank/outbox/internal/admin"
+	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/connect"
 )
 

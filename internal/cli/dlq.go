@@ -12,9 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/tedbank/outbox/admin/dlq"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
-	"github.com/tedbank/outbox/internal/dlq"
 	"github.com/tedbank/outbox/partition"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
-	"github.com/tedbank/outbox/internal/reconcile"
+	"github.com/tedbank/outbox/reconcile"
 )
 
 func runReconcile(ctx context.Context, e *env, args []string) error {

@@ -1,7 +1,7 @@
 package cli
 
 // The admin command groups (outbox dead, outbox fraud dlq) dispatch to their
-// subcommands here; the work itself is in internal/admin.
+// subcommands here; the work itself is in package admin (and admin/dlq).
 
 import (
 	"context"

@@ -94,11 +94,11 @@ func TestDependencyRules(t *testing.T) {
 func TestLibraryFootprint(t *testing.T) {
 	library := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker", "relay/natsbroker",
 		"consumer", "consumer/source", "consumer/natssource", "consumer/inbox", "fraud", "ledger",
-		"partition", "relay/entry", "transfer/settled"}
+		"partition", "relay/entry", "transfer/settled", "admin", "admin/dlq", "reconcile"}
 	// Only the NATS broker and source link the NATS client: a team on Redis
 	// does not.
 	noNATS := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker",
-		"consumer", "consumer/source", "consumer/inbox", "fraud", "ledger"}
+		"consumer", "consumer/source", "consumer/inbox", "fraud", "ledger", "admin", "admin/dlq", "reconcile"}
 	forbidden := []struct{ prefix, why string }{
 		{"go.opentelemetry.io/otel/sdk", "the OpenTelemetry SDK is the service's choice"},
 		{"go.opentelemetry.io/otel/exporters", "exporters are set up by the command (internal/traceexport)"},

@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/tedbank/outbox/internal/admin"
+	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"

@@ -15,8 +15,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/admin/dlq"
 	"github.com/tedbank/outbox/fraud"
-	"github.com/tedbank/outbox/internal/dlq"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/transfer"
 )

@@ -1,7 +1,7 @@
 // Package dlq lists and replays the entries a consumer group moved to its
 // dead-letter stream (fraud/deadletter.lua): what 'outbox fraud dlq list'
 // and 'outbox fraud dlq retry' run. The outbox's own dead rows are
-// internal/admin's.
+// package admin's.
 package dlq
 
 import (

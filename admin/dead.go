@@ -1,7 +1,9 @@
-// Package admin holds the operators' tools for the outbox table behind the
-// outbox command's admin subcommands: listing and requeueing dead outbox
-// rows, and deleting old published rows. A consumer's dead letters are
-// internal/dlq's.
+// Package admin is the operators' API for the outbox table, what the outbox
+// command's admin subcommands run and a service may call itself: listing
+// and requeueing dead outbox rows (ListDead, RetryDead, RetryAllDead), and
+// deleting old published rows (Cleanup). A consumer group's dead letters
+// are package admin/dlq's; the end-to-end check of settled TEDs is package
+// reconcile.
 //
 // Every function takes the servers it works on and does one bounded job; the
 // command line (internal/cli) parses flags and prints.
