@@ -54,10 +54,10 @@ type message = broker.Message
 // With partition leases it first renews them when due (it must not be
 // called while Run runs).
 func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
-	if err := r.reclaimLeftovers(ctx); err != nil {
+	if err := r.own.prepare(ctx); err != nil {
 		return BatchResult{}, err
 	}
-	r.renewLeasesIfDue(ctx) // with partition leases: take or renew this relay's share
+	r.own.renew(ctx) // with partition leases: take or renew this relay's share when due
 	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
 	return res, err
 }
@@ -67,14 +67,13 @@ func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
 // the result; with deferMark, this batch's own mark of the published rows is
 // returned for the next call instead of being sent.
 func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
-	if !r.ownsPartitions() || prev == nil {
+	if !r.own.overlapsMarks() || prev == nil {
 		return r.drainOne(ctx, op, prev, nil, deferMark)
 	}
-	// With partition leases the last batch's mark, the costliest statement
-	// (a non-HOT update per row), runs on a connection of its own while this
-	// batch is read and published: the read leaves the last batch's rows
-	// out, and may take the next event of their keys, which is published
-	// after them. (A batch whose publishes failed records that before it
+	// With partition leases the last batch's mark runs on a connection of
+	// its own while this batch is read and published: the read leaves the
+	// last batch's rows out, and may take the next event of their keys,
+	// which is published after them. (A batch whose publishes failed records that before it
 	// returns, so the read already sees those rows waiting for their retry.)
 	join := r.markAsync(ctx, prev)
 	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
@@ -141,14 +140,7 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	if prev != nil {
 		r.notePublished(&res, prev, prevMarked)
 	}
-	var rowLeases []rowLease // with partition leases: each row's slot and token
-	if r.ownsPartitions() {
-		msgs = firstOfEachKey(msgs)
-		rowLeases = make([]rowLease, len(msgs))
-		for i, m := range msgs {
-			rowLeases[i] = r.leaseOf(m)
-		}
-	}
+	msgs, rowLeases := r.own.admit(msgs) // with partition leases: each row's slot and token
 	res.Claimed = len(msgs)
 	if len(msgs) == 0 {
 		return res, nil, nil

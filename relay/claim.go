@@ -37,26 +37,15 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	case flagSleep:
 		queue(&b, queries.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
-	if r.ownsPartitions() && (op != flagNone || r.state == saidBusy) {
-		// Writers are silent while any relay is busy, but this relay
-		// drains only its own slots: wake the others at every batch while
-		// busy, and when it says "sleep" (delivered at commit, after the
-		// writers that saw it busy: their rows may be in other slots).
-		queue(&b, r.notify(r.wakePayload()))
-	}
+	r.own.queueWakeOthers(&b, op)
 	if prev != nil {
-		queue(&b, prev.statement(r.ownsPartitions())).Exec(func(tag pgconn.CommandTag) error {
+		queue(&b, r.own.markPublished(prev)).Exec(func(tag pgconn.CommandTag) error {
 			marked = int(tag.RowsAffected())
 			return nil
 		})
 	}
 	b.Queue(indexedClaim)
-	window := r.cfg.RedeliveryWindow().Milliseconds()
-	read := queries.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, window, r.listenPID.Load())
-	if r.ownsPartitions() {
-		read = queries.RelayRead(r.cfg.BatchSize, r.leases.slots, r.usableSlots(), append([]int64{}, exclude...), window)
-	}
-	queue(&b, read).Query(func(rows pgx.Rows) error {
+	queue(&b, r.own.read(token, exclude)).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByName[message])
 		return err

@@ -23,7 +23,7 @@ import (
 // once.
 //
 // A relay leasing partitions that finds no claimer alive returns every
-// 'publishing' row to pending at once (reclaimLeftovers): those are a dead
+// 'publishing' row to pending at once (partitionLeases.prepare): those are a dead
 // claimer's, left from before a switch of ownership, and as pending rows
 // with an attempt counted they hold back the later events of their keys
 // (relay_read.sql), where as 'publishing' rows they would not.
@@ -37,19 +37,11 @@ const ownershipSettle = 3 * time.Second
 // leases) runs on this database. Run returns it.
 var ErrMixedOwnership = errors.New("relays of both ownerships on one database")
 
-// ownershipModes returns this relay's ownership lock and the other one's.
-func (r *Relay) ownershipModes() (own, other int) {
-	if r.ownsPartitions() {
-		return 2, 1
-	}
-	return 1, 2
-}
-
 // checkOwnership reports ErrMixedOwnership when a relay of the other
 // ownership holds its lock; with hold, it first takes this relay's own, for
 // the life of conn's session.
 func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st queries.Statement, dest ...any) error, hold bool) error {
-	own, other := r.ownershipModes()
+	own, other := r.own.lockModes()
 	if hold {
 		var v any
 		if err := exec(ctx, queries.RelayOwnershipHold(own), &v); err != nil {
@@ -98,12 +90,13 @@ func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
 	return err
 }
 
-// reclaimLeftovers returns every 'publishing' row to pending (an attempt
-// counted) before a partition owner's first read, once it knows no row
-// claimer runs: each such row is a dead claimer's. A relay of the other
-// ownership found running stops Run.
-func (r *Relay) reclaimLeftovers(ctx context.Context) error {
-	if !r.ownsPartitions() || r.leftoversReclaimed.Load() {
+// prepare returns every 'publishing' row to pending (an attempt counted)
+// before a partition owner's first read, once it knows no row claimer runs:
+// each such row is a dead claimer's. A relay of the other ownership found
+// running stops Run.
+func (p *partitionLeases) prepare(ctx context.Context) error {
+	r := p.r
+	if p.leftoversReclaimed {
 		return nil
 	}
 	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
@@ -124,6 +117,6 @@ func (r *Relay) reclaimLeftovers(ctx context.Context) error {
 		r.log.Warn("returned the claims of relays that claimed rows (before a switch to partition leases) to pending",
 			slog.Int("rows", n))
 	}
-	r.leftoversReclaimed.Store(true)
+	p.leftoversReclaimed = true
 	return nil
 }

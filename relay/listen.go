@@ -116,7 +116,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	}
 	var pid int32
 	rctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	err = queryRowOn(rctx, conn, queries.RelayRegister(r.cfg.Name, r.membershipMS())).Scan(&pid)
+	err = queryRowOn(rctx, conn, queries.RelayRegister(r.cfg.Name, r.own.membershipMS())).Scan(&pid)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("register the relay: %w", err)
@@ -138,7 +138,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	defer r.listenPID.Store(0)
 	r.listenAttempted()
 	// A partition owner renews now: its slots carry the new pid.
-	r.slotsFreed.Store(r.ownsPartitions())
+	r.own.listening()
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
 	if failures > 0 {

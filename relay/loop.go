@@ -32,10 +32,10 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	defer r.sleepOnExit()
 	// Before that, give back the partition leases (if any) so that the
 	// relays it wakes can take them.
-	defer r.leaveLeases()
+	defer r.own.leave()
 	var renew <-chan time.Time // partition leases: renewals while idle
-	if r.ownsPartitions() {
-		t := time.NewTicker(r.leaseRenewInterval())
+	if every := r.own.renewEvery(); every > 0 {
+		t := time.NewTicker(every)
 		defer t.Stop()
 		renew = t.C
 	}
@@ -76,7 +76,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		case <-r.wake:
 		case <-retryTimer.C:
 		case <-renew:
-			r.renewLeasesIfDue(ctx)
+			r.own.renew(ctx)
 			goto wait // it kicks the drainer if it took slots
 		case <-poll.C:
 			if time.Now().Before(r.dbRetryAt) {

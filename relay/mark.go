@@ -35,15 +35,6 @@ func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) 
 	m.tokens = append(m.tokens, l.token)
 }
 
-// statement is m's mark: relay_mark_published, or with partition leases
-// relay_mark_published_leased.
-func (m *pendingMark) statement(leased bool) queries.Statement {
-	if leased {
-		return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
-	}
-	return queries.RelayMarkPublished(m.ids, m.streamIDs, m.token)
-}
-
 // failedRow is a row relay_mark_failed updated.
 type failedRow struct {
 	ID            uuid.UUID
@@ -63,11 +54,8 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	var (
 		b    pgx.Batch
 		rows []failedRow
-		mark = queries.RelayMarkFailed(f.ids, f.streamIDs, delays, f.token, r.cfg.MaxAttempts)
+		mark = r.own.markFailed(f, delays)
 	)
-	if r.ownsPartitions() {
-		mark = queries.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, r.cfg.MaxAttempts)
-	}
 	queueRelayTx(&b)
 	queue(&b, mark).Query(func(rs pgx.Rows) error {
 		var err error
@@ -91,7 +79,7 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.exec(ctx, m.statement(r.ownsPartitions()))
+	tag, err := r.exec(ctx, r.own.markPublished(m))
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}

@@ -102,17 +102,11 @@ func (r *Relay) record(ctx context.Context, res *BatchResult, out *outcome, defe
 			return next, fmt.Errorf("start the redelivery window of %d rows the broker may have taken: %w", len(out.maybeSent), err)
 		}
 	}
-	if r.ownsPartitions() {
-		// Nothing to give back: the rows were only read, and stay
-		// pending for this relay's next read.
-		res.Released = len(out.release)
-	} else {
-		n, err := r.release(ctx, out.ok.token, out.release, releaseDelay, res.Err)
-		if err != nil {
-			return next, err
-		}
-		res.Released = n
+	n, err := r.own.release(ctx, out.ok.token, out.release, res.Err)
+	if err != nil {
+		return next, err
 	}
+	res.Released = n
 	res.RetryIn = releaseDelay
 	res.retries = append(res.retries, releaseDelay)
 	return next, nil

@@ -31,6 +31,15 @@ import (
 // The leases are owned by the drain goroutine: it renews them between
 // batches and while idle, so a slot is never given back with a batch of it
 // in flight.
+type partitionLeases struct {
+	r      *Relay
+	leases leases
+	// leftoversReclaimed: this relay checked that no row claimer runs and
+	// returned a dead one's claims to pending (exclusive.go).
+	leftoversReclaimed bool
+}
+
+// leases are the slots a partition owner holds.
 type leases struct {
 	owner string // Config.Name: unique among the live relays
 	slots int    // number of slots, read from the table
@@ -53,19 +62,76 @@ type lease struct {
 // if that is shorter.
 const leaseRenewEvery = time.Second
 
-func (r *Relay) leaseRenewInterval() time.Duration {
-	return min(leaseRenewEvery, r.cfg.Lease/3)
+func (p *partitionLeases) renewEvery() time.Duration {
+	return min(leaseRenewEvery, p.r.cfg.Lease/3)
+}
+
+func (*partitionLeases) lockModes() (own, other int) { return 2, 1 }
+
+// membershipMS: a partition owner's membership is a lease, renewed with
+// its slots.
+func (p *partitionLeases) membershipMS() int64 { return p.r.cfg.Lease.Milliseconds() }
+
+// listening: the slots must carry the new LISTEN pid: renew now.
+func (p *partitionLeases) listening() { p.r.slotsFreed.Store(true) }
+
+// overlapsMarks: the last batch's mark, the costliest statement (a non-HOT
+// update per row), runs on a connection of its own while the next batch is
+// read and published (batch.go).
+func (*partitionLeases) overlapsMarks() bool { return true }
+
+// queueWakeOthers: writers are silent while any relay is busy, but this
+// relay drains only its own slots: wake the others at every batch while
+// busy, and when it says "sleep" (delivered at commit, after the writers
+// that saw it busy: their rows may be in other slots).
+func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
+	if op != flagNone || p.r.state == saidBusy {
+		queue(b, p.r.notify(p.r.wakePayload()))
+	}
+}
+
+// read reads the publishable rows of the slots this relay may publish now,
+// in seq order, without locking or updating them.
+func (p *partitionLeases) read(_ uuid.UUID, exclude []int64) queries.Statement {
+	r := p.r
+	return queries.RelayRead(r.cfg.BatchSize, p.leases.slots, p.usableSlots(), append([]int64{}, exclude...),
+		r.cfg.RedeliveryWindow().Milliseconds())
+}
+
+// admit keeps the first row of each key, each with the lease it was read
+// under.
+func (p *partitionLeases) admit(msgs []message) ([]message, []rowLease) {
+	msgs = firstOfEachKey(msgs)
+	ls := make([]rowLease, len(msgs))
+	for i, m := range msgs {
+		ls[i] = p.leaseOf(m)
+	}
+	return msgs, ls
+}
+
+func (*partitionLeases) markPublished(m *pendingMark) queries.Statement {
+	return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
+}
+
+func (p *partitionLeases) markFailed(f *pendingMark, delays []int64) queries.Statement {
+	return queries.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, p.r.cfg.MaxAttempts)
+}
+
+// release has nothing to give back: the rows were only read, and stay
+// pending for this relay's next read.
+func (*partitionLeases) release(_ context.Context, _ uuid.UUID, ids []uuid.UUID, _ error) (int, error) {
+	return len(ids), nil
 }
 
 // renewLeases renews the slots this relay holds, gives back those above its
 // share and takes free ones up to it, in one transaction. It reports whether
 // it holds more than before (the caller drains them).
-func (r *Relay) renewLeases(ctx context.Context) (gained bool, _ error) {
-	l := &r.leases
+func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error) {
+	r, l := p.r, &p.leases
 	ctx, cancel := context.WithTimeout(ctx, markTimeout)
 	defer cancel()
 	sent := time.Now()
-	l.due = sent.Add(r.leaseRenewInterval())
+	l.due = sent.Add(p.renewEvery())
 	r.slotsFreed.Store(false)
 	leaseMS := r.cfg.Lease.Milliseconds()
 	tx, err := r.pool.Begin(ctx)
@@ -145,28 +211,28 @@ func collectLeases(ctx context.Context, tx pgx.Tx, st queries.Statement) ([]held
 	return pgx.CollectRows(rows, pgx.RowToStructByName[heldSlot])
 }
 
-// renewLeasesIfDue renews when the renewal is due; a failure is logged (the
-// leases run out by themselves, and reads skip a slot whose lease is about
-// to end).
-func (r *Relay) renewLeasesIfDue(ctx context.Context) {
-	if !r.leaseRenewalDue() {
+// renew renews when the renewal is due; a failure is logged (the leases
+// run out by themselves, and reads skip a slot whose lease is about to
+// end).
+func (p *partitionLeases) renew(ctx context.Context) {
+	if !p.renewDue() {
 		return
 	}
-	gained, err := r.renewLeases(ctx)
+	gained, err := p.renewLeases(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:
-		r.log.Warn("partition lease renewal failed", slog.Any("error", err))
+		p.r.log.Warn("partition lease renewal failed", slog.Any("error", err))
 	case gained:
-		r.kick()
+		p.r.kick()
 	}
 }
 
 // usableSlots are the slots this relay may publish now: a batch started now
 // ends (its publish timeout) before their leases do.
-func (r *Relay) usableSlots() []int32 {
-	limit := time.Now().Add(r.cfg.PublishTimeout)
-	slots := make([]int32, 0, len(r.leases.held))
-	for s, l := range r.leases.held {
+func (p *partitionLeases) usableSlots() []int32 {
+	limit := time.Now().Add(p.r.cfg.PublishTimeout)
+	slots := make([]int32, 0, len(p.leases.held))
+	for s, l := range p.leases.held {
 		if l.until.After(limit) {
 			slots = append(slots, int32(s))
 		}
@@ -176,9 +242,9 @@ func (r *Relay) usableSlots() []int32 {
 }
 
 // leaseOf returns the slot m was read from and the token it was read under.
-func (r *Relay) leaseOf(m message) rowLease {
-	s := partition.Of(m.PartitionKey, r.leases.slots)
-	return rowLease{slot: int32(s), token: r.leases.held[s].token}
+func (p *partitionLeases) leaseOf(m message) rowLease {
+	s := partition.Of(m.PartitionKey, p.leases.slots)
+	return rowLease{slot: int32(s), token: p.leases.held[s].token}
 }
 
 // firstOfEachKey keeps the first message of each partition key (msgs are in
@@ -197,34 +263,27 @@ func firstOfEachKey(msgs []message) []message {
 	return kept
 }
 
-// leaveLeases gives back every slot this relay holds and ends its
-// membership, and says so: the other relays renew at once and take the slots
-// instead of waiting for the leases to run out.
-func (r *Relay) leaveLeases() {
+// leave gives back every slot this relay holds and ends its membership,
+// and says so: the other relays renew at once and take the slots instead of
+// waiting for the leases to run out.
+func (p *partitionLeases) leave() {
+	r := p.r
 	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
-	if !r.ownsPartitions() {
-		// A row claimer's membership (relay_register.sql) ends here, not
-		// with the other relays finding it dead.
-		if _, err := r.exec(ctx, queries.RelayLeaseLeave(r.leases.owner)); err != nil {
-			r.log.Debug("could not end the relay's membership; the other relays end it when they find it gone", slog.Any("error", err))
-		}
-		return
-	}
-	slots := make([]int, 0, len(r.leases.held))
-	for s := range r.leases.held {
+	slots := make([]int, 0, len(p.leases.held))
+	for s := range p.leases.held {
 		slots = append(slots, s)
 	}
 	var b pgx.Batch
-	queue(&b, queries.RelayLeaseRelease(r.leases.owner, slots))
-	queue(&b, queries.RelayLeaseLeave(r.leases.owner))
+	queue(&b, queries.RelayLeaseRelease(p.leases.owner, slots))
+	queue(&b, queries.RelayLeaseLeave(p.leases.owner))
 	queue(&b, r.notify(r.freedPayload()))
 	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
 			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
 		return
 	}
-	r.leases.held = nil
+	p.leases.held = nil
 	r.cfg.Metrics.slots(0)
 }
 
@@ -235,20 +294,10 @@ type rowLease struct {
 	token uuid.UUID
 }
 
-// leaseRenewalDue: the partition leases are due for renewal, or another
-// relay gave slots back (renew now to take them).
-func (r *Relay) leaseRenewalDue() bool {
-	return r.ownsPartitions() && (r.slotsFreed.Load() || !time.Now().Before(r.leases.due))
-}
-
-// membershipMS is how long a membership lasts without renewal: a partition
-// owner's, a lease (renewed with its leases); a row claimer's, until its
-// LISTEN backend is gone (0).
-func (r *Relay) membershipMS() int64 {
-	if r.ownsPartitions() {
-		return r.cfg.Lease.Milliseconds()
-	}
-	return 0
+// renewDue: the partition leases are due for renewal, or another relay gave
+// slots back (renew now to take them).
+func (p *partitionLeases) renewDue() bool {
+	return p.r.slotsFreed.Load() || !time.Now().Before(p.leases.due)
 }
 
 // wakePayload is the payload of the notifications a relay that owns

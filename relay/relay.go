@@ -19,8 +19,8 @@
 // (the wake-up protocol's states and the relay's words to writers),
 // batch.go (one batch: claim, publish through the broker, record), claim.go
 // (the claim's round trip), outcome.go and mark.go (recording
-// what the publish did), partitions.go (partition leases, with
-// Config.Ownership OwnPartitions), reap.go (expired claims back to pending),
+// what the publish did), ownership.go (row claims or partition leases,
+// chosen once: partitions.go has the leases), reap.go (expired claims back to pending),
 // trim.go (stream trimming), config.go, metrics.go and errors.go.
 package relay
 
@@ -72,9 +72,9 @@ type Relay struct {
 	streamsMu sync.Mutex
 	streams   map[string]bool // streams published to, for trimming
 
-	// leases: the partition slots this relay holds, with Config.Ownership
-	// OwnPartitions (partitions.go). Owned by drainLoop.
-	leases leases
+	// own: how this relay owns what it publishes (ownership.go), chosen
+	// once from Config.Ownership. Owned by drainLoop.
+	own ownership
 	// slotsFreed: another relay gave partition slots back; renew now.
 	slotsFreed atomic.Bool
 
@@ -99,9 +99,6 @@ type Relay struct {
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int
 	brokerDownUntil time.Time
-	// leftoversReclaimed: a partition owner checked that no row claimer
-	// runs and returned a dead one's claims to pending (exclusive.go).
-	leftoversReclaimed atomic.Bool
 	// listenPID is the backend pid of the LISTEN connection while it is up
 	// (0 otherwise): it holds the relay's ownership lock, and its claims,
 	// slots and "busy" word carry it, so that the other relays take them
@@ -202,14 +199,11 @@ func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, err
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
 		state:  unsure,
-		leases: leases{owner: cfg.Name},
 		broker: b,
 	}
+	r.own = newOwnership(r)
 	return r, nil
 }
-
-// ownsPartitions: this relay leases partition slots rather than claiming rows.
-func (r *Relay) ownsPartitions() bool { return r.cfg.Ownership == OwnPartitions }
 
 // Ready reports why the relay cannot do its work right now, or nil: the
 // database and Redis answer and the LISTEN connection is up.
@@ -272,9 +266,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer cancel(nil) // the listener stopped the relay (ErrMixedOwnership)
 		r.listenLoop(lctx)
 	})
-	wg.Go(func() { r.reapLoop(ctx) })
-	if t, ok := r.rdb.(Trimmer); ok && (r.cfg.StreamMaxLen > 0 || r.cfg.StreamRetention > 0) {
-		wg.Go(func() { r.trimLoop(ctx, t) })
+	for _, run := range r.services() {
+		wg.Go(func() { run(ctx) })
 	}
 	r.drainLoop(ctx)
 	cancel(nil)
@@ -286,6 +279,20 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// services are what Run runs beside the drainer and the listener, each on
+// its goroutine until ctx ends: the reaper (reap.go: expired claims, dead
+// relays) always, the trimmer (trim.go) when the broker is Redis Streams and
+// a cap is set. (A partition owner's lease renewal is not one: it runs on
+// the drainer's goroutine, between batches, so that a slot is never given
+// back with a batch of it in flight.)
+func (r *Relay) services() []func(context.Context) {
+	run := []func(context.Context){r.reapLoop}
+	if t, ok := r.rdb.(Trimmer); ok && (r.cfg.StreamMaxLen > 0 || r.cfg.StreamRetention > 0) {
+		run = append(run, func(ctx context.Context) { r.trimLoop(ctx, t) })
+	}
+	return run
 }
 
 // firstListenWait bounds how long the first drain waits for the LISTEN

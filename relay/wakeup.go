@@ -136,6 +136,110 @@ const (
 	flagSleep        // about to sleep: writers must notify (waits for writers that read "busy")
 )
 
+// wakeup is one drain's side of the protocol: it says what each claim tells
+// writers (op) and, after it, whether the drain goes on, and how soon.
+type wakeup struct {
+	r  *Relay
+	op flagOp // what the next claim tells writers
+	// sentOp is what the last claim told them.
+	sentOp flagOp
+	// nonEmpty counts the claims that found rows; lingered the empty claims
+	// in a row while busy; sleepTries the "sleep"s in a row that found
+	// writers that saw this relay busy still in their transactions.
+	nonEmpty, lingered, sleepTries int
+}
+
+// newWakeup starts a drain: one woken by the poll says "sleep" first.
+//
+// A wake-up usually finds one small batch; saying "busy" and "asleep"
+// around it would cost two statements and buy nothing. Writers are told to
+// stop notifying only once a second claim in a row finds rows: the relay is
+// then draining a stream of commits.
+func (r *Relay) newWakeup(polled bool) *wakeup {
+	w := &wakeup{r: r}
+	if polled {
+		w.op = flagSleep
+	}
+	return w
+}
+
+// sent records a claim's round trip: what it told writers, if it succeeded.
+func (w *wakeup) sent(res BatchResult, err error) {
+	if err != nil {
+		// The round trip may have told writers "busy" before it failed
+		// (the flag is a sequence: its change is not rolled back), or a
+		// later step failed after it did: they may be silent.
+		w.r.setState(unsure)
+	} else {
+		w.r.setState(w.r.state.after(w.op, res.Slept))
+	}
+	w.sentOp, w.op = w.op, flagNone
+}
+
+// empty is told that a claim found nothing; it reports whether the drain is
+// over (asleep: every later commit notifies), after lingering or pausing as
+// the state says.
+func (w *wakeup) empty(ctx context.Context) (done bool) {
+	r := w.r
+	switch {
+	case r.state == asleep:
+		return true
+	case r.state == saidBusy && w.lingered < busyLingerClaims:
+		// Busy, and the claim came back empty: commits arrive in waves
+		// (one per WAL flush), so wait a little for the next one before
+		// asking writers to notify again. Each NOTIFY costs its writer a
+		// flush of its own.
+		w.lingered++
+		retry.Sleep(ctx, busyLingerStep)
+	default:
+		if w.sentOp == flagSleep {
+			// The sleep found writers that saw us busy still in their
+			// transactions: try again a little later, or at once if a
+			// notification comes (writers that read "sleep" send one).
+			w.sleepTries++
+			r.pause(ctx, retry.Backoff(w.sleepTries, busyLingerStep, 100*time.Millisecond))
+		}
+		w.op = flagSleep
+	}
+	return false
+}
+
+// published is told that a claim found rows and the broker took them.
+func (w *wakeup) published(ctx context.Context, res BatchResult) {
+	r := w.r
+	w.lingered = 0
+	// "Busy" is said only with a LISTEN backend to say it as: the other
+	// relays take it back if that backend goes.
+	if w.nonEmpty++; r.state != saidBusy && w.nonEmpty >= 2 && r.listenPID.Load() != 0 {
+		w.op = flagBusy
+	}
+	if r.state == saidBusy && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
+		// Busy with a stream of small batches: let commits gather rather
+		// than pay a claim, a pipeline and a mark for a few rows each time
+		// (on 2 cores that work competes with the writers themselves).
+		retry.Sleep(ctx, r.cfg.BusyPace)
+	}
+}
+
+// pause waits for d, or less if a notification arrives (it is consumed: the
+// caller claims next).
+func (r *Relay) pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-r.wake:
+	}
+}
+
+// A relay that told writers it is busy claims up to busyLingerClaims more
+// times, busyLingerStep apart, before it goes back to sleep.
+const (
+	busyLingerClaims = 3
+	busyLingerStep   = 2 * time.Millisecond
+)
+
 // setState moves the wake-up state, with a debug line per change: the
 // chaos suite reads them to hold a writer open while this relay is the only
 // one that told writers it is busy (internal/chaos, rolling deploys).
