@@ -12,7 +12,7 @@
 // The suite owns its servers: a PostgreSQL and a Redis started from local
 // binaries in a temporary directory (internal/testenv), never shared ones.
 // Run it with `make chaos` or `go test ./internal/chaos -chaos` (see
-// chaos_test.go for the flags); docs/reliability.md has the results.
+// chaos_test.go for the flags); docs/reliability.md describes the suite, docs/log.md has the results of its runs.
 package chaos
 
 import (
