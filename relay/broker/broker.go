@@ -37,7 +37,11 @@ type Message struct {
 	PartitionKey  string
 }
 
-// Broker is where a relay publishes.
+// Broker is where a relay publishes. An implementation starts each
+// message's span with StartSpan, sends the headers it returns (they carry
+// the trace on to the consumers) and ends the spans with EndSpans; it
+// writes the fields of package relay/entry (and, when asked, the
+// CloudEvents attributes) under their names.
 type Broker interface {
 	// Publish sends msgs[i] to dests[i], in claim (seq) order, and returns
 	// each message's id at the broker (a stream entry id, a JetStream
