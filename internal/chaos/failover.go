@@ -14,8 +14,8 @@ import (
 //
 // An event counts for a fault when it committed in [Start-failoverBefore,
 // End+failoverAfter] (the second before a kill: the batch a killed relay or
-// consumer held) and in no other fault's window (stranded.go's
-// [Start, Back]). The run fails when a kill that left a survivor in its
+// consumer held) and waited, until its stream entry or its effect, through
+// no other fault's window (stranded.go's [Start, Back]; faultCost). The run fails when a kill that left a survivor in its
 // group cost more than the failover bounds: a relay's death, maxRelayFailover
 // from commit to stream; an anti-fraud consumer's, maxConsumerFailover from
 // commit to effect beyond what calm phases cost (the 99th percentile of
@@ -92,22 +92,7 @@ func (r *run) failover(ctx context.Context, res *Result) {
 			order = append(order, f.Kind)
 		}
 		c.Faults++
-		from, to := f.Start.Add(-failoverBefore), f.End.Add(failoverAfter)
-		var stream, effect time.Duration
-		var streamEv, effectEv string
-		for _, e := range events {
-			if e.Commit.Before(from) || !e.Commit.Before(to) || inOtherWindow(faults, i, e.Commit) {
-				continue
-			}
-			if d := e.delay(); d > stream {
-				stream, streamEv = d, e.ID
-			}
-			if at, ok := effects[e.ID]; ok {
-				if d := at.Sub(e.Commit); d > effect {
-					effect, effectEv = d, e.ID
-				}
-			}
-		}
+		stream, streamEv, effect, effectEv := faultCost(faults, i, events, effects)
 		if stream > c.Stream {
 			c.Stream, c.StreamEvent, c.StreamFault = stream, streamEv, i+1
 		}
@@ -148,11 +133,37 @@ func consumersCalm(faults []FaultRecord, t time.Time) bool {
 	return true
 }
 
-// inOtherWindow: t is inside the window [Start, Back] of a fault other than
-// the i-th.
-func inOtherWindow(faults []FaultRecord, i int, t time.Time) bool {
+// faultCost is the slowest commit → stream and commit → effect delay among
+// the events the i-th fault touched: committed in [Start-failoverBefore,
+// End+failoverAfter], and waiting (from commit to stream, or to effect)
+// through no other fault's window. An event committed just before another
+// fault began and held up by it (a Redis master killed half a second after
+// a consumer) is that fault's cost, not this one's.
+func faultCost(faults []FaultRecord, i int, events []eventTiming, effects map[string]time.Time) (
+	stream time.Duration, streamEv string, effect time.Duration, effectEv string) {
+	f := faults[i]
+	from, to := f.Start.Add(-failoverBefore), f.End.Add(failoverAfter)
+	for _, e := range events {
+		if e.Commit.Before(from) || !e.Commit.Before(to) {
+			continue
+		}
+		if d := e.delay(); d > stream && !overlapsOther(faults, i, e.Commit, e.Publish) {
+			stream, streamEv = d, e.ID
+		}
+		if at, ok := effects[e.ID]; ok {
+			if d := at.Sub(e.Commit); d > effect && !overlapsOther(faults, i, e.Commit, at) {
+				effect, effectEv = d, e.ID
+			}
+		}
+	}
+	return stream, streamEv, effect, effectEv
+}
+
+// overlapsOther: [from, to] meets the window [Start, Back] of a fault other
+// than the i-th.
+func overlapsOther(faults []FaultRecord, i int, from, to time.Time) bool {
 	for j, f := range faults {
-		if j != i && !t.Before(f.Start) && !t.After(maxTime(f.Back, f.End)) {
+		if j != i && !to.Before(f.Start) && !from.After(maxTime(f.Back, f.End)) {
 			return true
 		}
 	}
