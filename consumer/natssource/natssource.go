@@ -126,7 +126,8 @@ func Durable(ctx context.Context, js jetstream.JetStream, stream, group string, 
 // so that what an earlier owner received and did not acknowledge comes
 // first, in stream order, and an earlier owner still fetching reads nothing
 // more. A durable of a greater epoch (a newer owner's) fences it.
-func (s *Source) Open(ctx context.Context, p source.Partition) (source.Reader, error) {
+func (s *Source) Open(ctx context.Context, p source.Partition) (_ source.Reader, err error) {
+	defer s.reconnectIfStale(&err)
 	reconnects := s.js.Conn().Stats().Reconnects
 	stream, err := s.js.StreamNameBySubject(ctx, p.Subject)
 	if err != nil {
@@ -177,7 +178,8 @@ func (s *Source) Open(ctx context.Context, p source.Partition) (source.Reader, e
 // partition read again from the stream's first message (its durables gone:
 // deleted by hand, or never created): they must outlive the stream's
 // messages (its MaxAge, --nats-max-age).
-func (s *Source) CheckRetention(ctx context.Context, subject string, ttl time.Duration) (bool, error) {
+func (s *Source) CheckRetention(ctx context.Context, subject string, ttl time.Duration) (_ bool, err error) {
+	defer s.reconnectIfStale(&err)
 	name, err := s.js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return false, nil // the relay has not created it yet
@@ -186,6 +188,9 @@ func (s *Source) CheckRetention(ctx context.Context, subject string, ttl time.Du
 		return false, fmt.Errorf("find the JetStream stream of subject %s: %w", subject, err)
 	}
 	st, err := s.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil // deleted since: checked once the relay creates it again
+	}
 	if err != nil {
 		return false, fmt.Errorf("read JetStream stream %s: %w", name, err)
 	}
@@ -221,6 +226,15 @@ func (s *Source) Backlog(ctx context.Context, group, subject string, p int) (pen
 	}
 	info := cons.CachedInfo()
 	return int64(info.NumAckPending), int64(info.NumPending), true, nil
+}
+
+// reconnectIfStale replaces the connection when *err says it went silent
+// (a request timed out): the partition's next open runs on a new one
+// instead of timing out again until the client's pings notice.
+func (s *Source) reconnectIfStale(err *error) {
+	if *err != nil && natsjs.Stale(*err) {
+		_ = s.js.Conn().ForceReconnect()
+	}
 }
 
 // reader reads one partition through its owner's durable.

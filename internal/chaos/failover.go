@@ -135,10 +135,11 @@ func consumersCalm(faults []FaultRecord, t time.Time) bool {
 
 // faultCost is the slowest commit → stream and commit → effect delay among
 // the events the i-th fault touched: committed in [Start-failoverBefore,
-// End+failoverAfter], and waiting (from commit to stream, or to effect)
-// through no other fault's window. An event committed just before another
-// fault began and held up by it (a Redis master killed half a second after
-// a consumer) is that fault's cost, not this one's.
+// End+failoverAfter] and in no other fault's window. A wait that runs into
+// another fault's window is charged only up to that window's start: an
+// event committed just before another fault began and held up by it (a
+// Redis master killed half a second after a consumer) is the other fault's
+// cost from then on, and a slow failover still shows, up to there.
 func faultCost(faults []FaultRecord, i int, events []eventTiming, effects map[string]time.Time) (
 	stream time.Duration, streamEv string, effect time.Duration, effectEv string) {
 	f := faults[i]
@@ -147,11 +148,11 @@ func faultCost(faults []FaultRecord, i int, events []eventTiming, effects map[st
 		if e.Commit.Before(from) || !e.Commit.Before(to) {
 			continue
 		}
-		if d := e.delay(); d > stream && !overlapsOther(faults, i, e.Commit, e.Publish) {
+		if d := chargedUntil(faults, i, e.Commit, e.Publish).Sub(maxTime(e.Commit, e.Ready)); d > stream {
 			stream, streamEv = d, e.ID
 		}
 		if at, ok := effects[e.ID]; ok {
-			if d := at.Sub(e.Commit); d > effect && !overlapsOther(faults, i, e.Commit, at) {
+			if d := chargedUntil(faults, i, e.Commit, at).Sub(e.Commit); d > effect {
 				effect, effectEv = d, e.ID
 			}
 		}
@@ -159,15 +160,18 @@ func faultCost(faults []FaultRecord, i int, events []eventTiming, effects map[st
 	return stream, streamEv, effect, effectEv
 }
 
-// overlapsOther: [from, to] meets the window [Start, Back] of a fault other
-// than the i-th.
-func overlapsOther(faults []FaultRecord, i int, from, to time.Time) bool {
+// chargedUntil is until when a wait from from to to is the i-th fault's: to,
+// or the start of the first other fault's window [Start, Back] it meets
+// (from itself when from is inside one).
+func chargedUntil(faults []FaultRecord, i int, from, to time.Time) time.Time {
+	until := to
 	for j, f := range faults {
-		if j != i && !to.Before(f.Start) && !from.After(maxTime(f.Back, f.End)) {
-			return true
+		if j == i || to.Before(f.Start) || from.After(maxTime(f.Back, f.End)) {
+			continue
 		}
+		until = minTime(until, maxTime(f.Start, from))
 	}
-	return false
+	return until
 }
 
 // effectTimes reads when anti-fraud applied each event: the time of its

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// A kill costs what the events it touched waited for it, not what another
-// fault that began meanwhile made them wait; a kill alone that held events
-// up is still charged with the wait.
+// A kill costs what the events it touched waited for it, up to the start of
+// another fault that held them up further; a kill alone that held events up
+// is charged with the whole wait.
 func TestFaultCostLeavesOutWaitsThroughAnotherFault(t *testing.T) {
 	t0 := time.Date(2026, 12, 2, 19, 59, 35, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
@@ -20,8 +20,8 @@ func TestFaultCostLeavesOutWaitsThroughAnotherFault(t *testing.T) {
 	effects := map[string]time.Time{"held-by-the-master": at(9 * time.Second), "after-the-kill": at(400 * time.Millisecond)}
 
 	_, _, effect, ev := faultCost([]FaultRecord{kill, master}, 0, events, effects)
-	if ev != "after-the-kill" || effect != 200*time.Millisecond {
-		t.Fatalf("kill's cost %s (event %q), want 200ms (after-the-kill): the other event waited through the master's kill", effect, ev)
+	if ev != "held-by-the-master" || effect != 600*time.Millisecond {
+		t.Fatalf("kill's cost %s (event %q), want 600ms (held-by-the-master, until the master's fault began)", effect, ev)
 	}
 	_, _, effect, ev = faultCost([]FaultRecord{kill}, 0, events, effects)
 	if ev != "held-by-the-master" || effect != 9100*time.Millisecond {
