@@ -204,9 +204,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer c.releaseName()
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream), slog.Int("partitions", c.cfg.Partitions))
 	if m, ok := c.handler.(Maintainer); ok {
+		// Its own context: Run also ends without ctx cancelled (a name
+		// taken while this consumer stalled), and must not wait for it.
+		mctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Go(func() { m.Maintain(ctx) })
+		wg.Go(func() { m.Maintain(mctx) })
 		defer wg.Wait()
+		defer stop()
 	}
 	err := c.own(ctx)
 	c.log.Info("consumer stopped", slog.Int64("processed", c.stats.processed.Load()))

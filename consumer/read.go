@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
@@ -42,8 +43,16 @@ func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 }
 
 // readNew blocks up to Config.Block for new entries of f and processes them.
+// A read that comes back empty adopts what another reader left pending in
+// f's partition (adoptEarlier, up to the stream's end): a read of new
+// entries adopts only what is older than them, and when nothing comes after
+// what a fenced reader took, nothing else would before ClaimMinIdle.
 func (c *Consumer) readNew(ctx context.Context, f feed) (int, error) {
-	return c.read(ctx, []string{f.stream, ">"}, func(string) feed { return f })
+	n, err := c.read(ctx, []string{f.stream, ">"}, func(string) feed { return f })
+	if n == 0 && err == nil {
+		err = c.adoptEarlier(ctx, f, "")
+	}
+	return n, err
 }
 
 func (c *Consumer) read(ctx context.Context, streams []string, feedOf func(stream string) feed) (int, error) {
@@ -87,14 +96,19 @@ func (c *Consumer) read(ctx context.Context, streams []string, feedOf func(strea
 // that stalled past its name's lease and came back) read them. Only with
 // partition ownership (f.fence set); the entries this worker left pending
 // itself (failed, held, invalid: its gate knows them) are retried as before.
+// An empty before adopts up to the stream's end (readNew, after an empty
+// read).
 func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) error {
 	if f.fence == "" {
 		return nil
 	}
-	start := "-"
+	start, end := "-", "+"
+	if before != "" {
+		end = "(" + before
+	}
 	for ctx.Err() == nil {
 		pending, err := c.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: f.stream, Group: c.cfg.Group, Start: start, End: "(" + before, Count: int64(c.cfg.BatchSize),
+			Stream: f.stream, Group: c.cfg.Group, Start: start, End: end, Count: int64(c.cfg.BatchSize),
 		}).Result()
 		if err != nil {
 			return fmt.Errorf("pending entries before %s: %w", before, err)
@@ -113,7 +127,7 @@ func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) erro
 				return fmt.Errorf("xclaim earlier entries: %w", err)
 			}
 			c.log.Info("claimed earlier entries pending with another consumer (or a twin under this name)",
-				slog.Int("partition", f.n), slog.Int("entries", len(msgs)), slog.String("before", before))
+				slog.Int("partition", f.n), slog.Int("entries", len(msgs)), slog.String("before", cmp.Or(before, "the end")))
 			if err := c.handle(ctx, f, msgs, true); err != nil {
 				return err
 			}

@@ -35,7 +35,9 @@ func TestTwinUnderOneNameStandsDown(t *testing.T) {
 		go func() { done <- c.Run(ctx) }()
 		return cancel, done
 	}
-	first, err := New(viaProxy, h, cfg)
+	// The first's handler has maintenance of its own (as the inbox's
+	// cleanup): standing down must stop it too.
+	first, err := New(viaProxy, maintained{h}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +112,12 @@ func TestTwinUnderOneNameStandsDown(t *testing.T) {
 	}
 }
 
+// maintained is a recorder with maintenance that runs until its context
+// ends (consumer.Maintainer).
+type maintained struct{ *recorder }
+
+func (maintained) Maintain(ctx context.Context) { <-ctx.Done() }
+
 // slowOn is a recorder that takes its time over one aggregate's event
 // (every event when agg is empty).
 type slowOn struct {
@@ -161,6 +169,45 @@ func TestEntryATwinReadIsAppliedInOrder(t *testing.T) {
 	}
 	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2", "e3"}) {
 		t.Fatalf("applied %v, want e1, e2, e3", got)
+	}
+}
+
+// The same with no entry after the one the twin read: the owner learns of
+// it when its read comes back empty, within a Config.Block, not when it has
+// idled ClaimMinIdle (a twin back from a stall reading the partition's last
+// entries left them there for 30 s, and the next entries of their keys could
+// be applied first).
+func TestEntryATwinReadLastIsAppliedWithinABlock(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	cfg := testConfig(rdb, "same")
+	cfg.Block = 100 * time.Millisecond
+	cfg.ClaimMinIdle = time.Minute
+	h := newRecorder(rdb.Client)
+	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(rdb, c, 0) }, "the consumer never took the stream")
+
+	publish(t, rdb, cfg.Stream, "e1")
+	time.Sleep(150 * time.Millisecond) // the owner is applying e1, slowly: not reading
+	publish(t, rdb, cfg.Stream, "e2")
+	res, err := rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{
+		Group: "test", Consumer: "same", Streams: []string{cfg.Stream, ">"}, Count: 1, Block: -1,
+	}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 || res[0].Messages[0].Values["aggregate_id"] != "e2" {
+		t.Fatalf("the twin's read: %v (%v), want e2", res, err)
+	}
+	read := time.Now()
+	for len(h.effects()) < 2 && time.Since(read) < 5*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2"}) {
+		t.Fatalf("%s after the twin read e2, applied %v, want e1, e2", time.Since(read).Round(time.Millisecond), got)
 	}
 }
 
