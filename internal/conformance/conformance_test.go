@@ -129,15 +129,7 @@ func (r *run) run() {
 	// consumers (c1 reaches Redis through a proxy: the fault of being cut
 	// from its lease store only).
 	p1 := 1
-	proxy, err := tcpproxy.Start(r.rdb.Options().Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	opt := *r.rdb.Options()
-	opt.Addr, opt.MaxRetries = proxy.Addr(), -1
-	viaProxy := redis.NewClient(&opt)
-	t.Cleanup(func() { viaProxy.Close() })
+	proxy, viaProxy := r.proxied()
 
 	stopRelays := r.relays(p1, "a")
 	c1 := r.consumer(viaProxy, "c1", p1)
@@ -156,14 +148,28 @@ func (r *run) run() {
 		t.Errorf("a twin under the running consumer c2's name: Run returned %v, want ErrNameInUse", err)
 	}
 	tcancel()
-	// c1 is cut from Redis (its partition leases) past its lease, and
-	// comes back; relays are killed between publish and mark meanwhile.
+	// c1 is cut from Redis (its partition leases and its name's lease)
+	// past its leases; a supervisor starts a replacement under its name
+	// (through a proxy of its own); relays are killed between publish and
+	// mark meanwhile; c1 comes back while events flow, finds its name
+	// taken and stands down for good (whatever it read on its way back is
+	// fenced, and the replacement applies it in order).
+	stalled := c1
 	proxy.Down()
 	time.Sleep(1500 * time.Millisecond)
+	proxy2, viaProxy2 := r.proxied()
+	c1 = r.consumer(viaProxy2, "c1", p1)
 	r.killBetweenPublishAndMark(8)
 	time.Sleep(1000 * time.Millisecond)
+	flowing := r.settleInBackground(3)
+	time.Sleep(100 * time.Millisecond)
 	proxy.Up()
+	if err, ended := stalled.wait(10 * time.Second); !ended || !errors.Is(err, consumer.ErrNameInUse) {
+		t.Errorf("c1, back from its stall with a replacement running under its name: ended %v with %v, want ErrNameInUse", ended, err)
+	}
+	proxy, viaProxy = proxy2, viaProxy2
 	load.Wait()
+	flowing.Wait()
 
 	if r.c.partitions == 1 {
 		// c1 crashes holding partitions and entries: cut for good, its
@@ -224,7 +230,7 @@ func (r *run) relays(p int, gen string) (stop func()) {
 		if err != nil {
 			r.t.Fatal(err)
 		}
-		stops = append(stops, r.background("relay "+cfg.Name, rl.Run))
+		stops = append(stops, r.background("relay "+cfg.Name, rl.Run).stop)
 	}
 	return func() {
 		for _, s := range stops {
@@ -233,12 +239,25 @@ func (r *run) relays(p int, gen string) (stop func()) {
 	}
 }
 
-// running is a consumer running in the background.
-type running struct{ stop func() }
-
-func (r *run) consumer(rdb redis.Cmdable, name string, p int) running {
+func (r *run) consumer(rdb redis.Cmdable, name string, p int) *running {
 	c := r.newConsumer(rdb, name, p)
-	return running{stop: r.background("consumer "+name, c.Run)}
+	return r.background("consumer "+name, c.Run)
+}
+
+// proxied returns a client of the test's Redis through a proxy of its own,
+// which the test can cut (Down) for that client alone.
+func (r *run) proxied() (*tcpproxy.Proxy, *redis.Client) {
+	r.t.Helper()
+	proxy, err := tcpproxy.Start(r.rdb.Options().Addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { proxy.Close() })
+	opt := *r.rdb.Options()
+	opt.Addr, opt.MaxRetries = proxy.Addr(), -1
+	c := redis.NewClient(&opt)
+	r.t.Cleanup(func() { c.Close() })
+	return proxy, c
 }
 
 // runner is what the combinations' consumers have in common.
@@ -371,18 +390,39 @@ func (r *run) killBetweenPublishAndMark(n int) {
 	}
 }
 
-// background runs fn until the test ends or stop is called.
-func (r *run) background(what string, fn func(context.Context) error) (stop func()) {
+// running is a function running in the background: a relay or a consumer.
+type running struct {
+	stop func()
+	// wait waits up to d for it to end by itself, and returns what it
+	// returned; an end waited for is not reported again by stop.
+	wait func(d time.Duration) (err error, ended bool)
+}
+
+// background runs fn until the test ends or stop is called; stop reports
+// an error fn returned, unless wait returned it.
+func (r *run) background(what string, fn func(context.Context) error) *running {
 	ctx, cancel := context.WithCancel(r.ctx)
-	done := make(chan error, 1)
-	go func() { done <- fn(ctx) }()
+	done := make(chan struct{})
+	var err error
+	go func() { err = fn(ctx); close(done) }()
+	var waited bool
 	var once sync.Once
-	stop = func() {
+	rn := &running{}
+	rn.wait = func(d time.Duration) (error, bool) {
+		select {
+		case <-done:
+			waited = true
+			return err, true
+		case <-time.After(d):
+			return nil, false
+		}
+	}
+	rn.stop = func() {
 		once.Do(func() {
 			cancel()
 			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
+			case <-done:
+				if err != nil && !errors.Is(err, context.Canceled) && !waited {
 					r.t.Errorf("%s: %v", what, err)
 				}
 			case <-time.After(20 * time.Second):
@@ -390,8 +430,8 @@ func (r *run) background(what string, fn func(context.Context) error) (stop func
 			}
 		})
 	}
-	r.t.Cleanup(stop)
-	return stop
+	r.t.Cleanup(rn.stop)
+	return rn
 }
 
 // applied returns, per sender, the events in the order they took effect,

@@ -7,8 +7,10 @@
 // consumers while faults production meets every day strike: a transient
 // handler failure on one key (a lock timeout on the inbox, a WRONGTYPE on
 // the Lua path), a consumer owner cut from its lease store only (Redis)
-// while the broker and its effects' store stay reachable, a twin started
-// under a live consumer's name, relays killed between publish and mark
+// while the broker and its effects' store stay reachable, past its name's
+// lease too, with a supervisor's replacement started under its name and the
+// stalled one coming back while events flow (it must stand down), a twin
+// started under a live consumer's name, relays killed between publish and mark
 // (their rows left 'publishing', published again by the others), a
 // consumer crashed holding partitions and pending entries, and, with
 // P = 4, the documented change from P = 1 midway (with a relay killed
