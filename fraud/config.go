@@ -246,6 +246,11 @@ func (k Keys) DayAccount(day, acct string) string {
 // Window is the sender's recent transfers, for the velocity rule.
 func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
 
+// WindowEntries holds the transfers of the sender's window with the running
+// sum of their amounts, so that the velocity rule totals a window in
+// O(log k) (effect.lua).
+func (k Keys) WindowEntries(acct string) string { return k.Prefix + "window-entries:" + acct }
+
 // Approved is the sender's recent transfers that are still approved: the
 // ones a transfer arriving late can send to review.
 func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acct }

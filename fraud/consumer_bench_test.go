@@ -125,3 +125,55 @@ func BenchmarkConsumerReadNew(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkEffectScriptWindow times the effect script of an event whose
+// sender already has k transfers in the window (settled in order, one a
+// millisecond apart, as a busy account's): the velocity rule's total must
+// not cost O(k).
+func BenchmarkEffectScriptWindow(b *testing.B) {
+	for _, k := range []int{10, 1000} {
+		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
+			rdb := outboxtest.NewRedis(b)
+			ctx := context.Background()
+			cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet,
+				AmountLimitCents: 1 << 40, WindowLimitCents: 1 << 50}.withDefaults()
+			e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
+			keys := Keys{Prefix: cfg.KeyPrefix}
+			if err := effectScript.Load(ctx, rdb.Client).Err(); err != nil {
+				b.Fatal(err)
+			}
+			const senders = benchBatch // one event of each sender per pipeline
+			at := time.Now().UTC().Add(-time.Minute)
+			batch := func() {
+				evs := benchEvents(senders, senders)
+				for i := range evs {
+					evs[i].FromAccount = fmt.Sprintf("acct-%04d", i)
+					evs[i].SettledAt = at
+				}
+				at = at.Add(time.Millisecond)
+				cmds := make([]*redis.Cmd, len(evs))
+				if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for i, ev := range evs {
+						cmds[i] = effectScript.EvalSha(ctx, p, e.effectKeys(keys, ev, "bench"), e.effectArgs(keys, "", ev)...)
+					}
+					return nil
+				}); err != nil {
+					b.Fatal(err)
+				}
+				for _, cmd := range cmds {
+					if out, _, err := effectResult(cmd); err != nil || out != OutcomeApprove {
+						b.Fatalf("outcome %s, err %v", out, err)
+					}
+				}
+			}
+			for range k {
+				batch()
+			}
+			b.ResetTimer()
+			for range b.N {
+				batch()
+			}
+			b.ReportMetric(float64(b.N*senders)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/tedbank/outbox/internal/consumertest"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,5 +178,161 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 		if len(alerts) != 6 || rep.Reviews != 6 || rep.Verdicts != int64(len(teds)) {
 			t.Errorf("arrival order %v: %d alerts, %d reviews counted, %d effects; want 6, 6, %d", order, len(alerts), rep.Reviews, rep.Verdicts, len(teds))
 		}
+	}
+}
+
+// The velocity rule against a model of it, over many arrival orders: each
+// transfer's verdict is review when its amount passes the amount limit or
+// when its sender's transfers settled in (its settled_at - window, its
+// settled_at] add up past the window limit (those settled at its very
+// instant included, as one transaction's), whatever order they arrive in,
+// one at a time or many to a pipeline. Settlement instants repeat often
+// (a minute's granularity), as a payroll's do.
+func TestVelocityVerdictsMatchTheRuleInAnyArrivalOrder(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	const (
+		window      = time.Hour
+		windowLimit = 100_000
+		amountLimit = 35_000
+	)
+	base := time.Now().UTC().Add(-3 * time.Hour).Truncate(time.Minute)
+	rng := rand.New(rand.NewPCG(7, 11))
+	for trial := range 6 {
+		type ted struct {
+			from  string
+			cents int64
+			at    time.Time
+		}
+		teds := make([]ted, 90)
+		for i := range teds {
+			// Within two windows: the script forgets what is older
+			// than its newest transfer minus two windows.
+			teds[i] = ted{fmt.Sprintf("s%d", rng.IntN(3)), 1_000 + rng.Int64N(39_000), base.Add(time.Duration(rng.IntN(110)) * time.Minute)}
+		}
+		want := make([]string, len(teds))
+		reviews := 0
+		for i, a := range teds {
+			var total int64
+			for _, b := range teds {
+				if b.from == a.from && b.at.After(a.at.Add(-window)) && !b.at.After(a.at) {
+					total += b.cents
+				}
+			}
+			want[i] = "approve"
+			if a.cents > amountLimit || total > windowLimit {
+				want[i] = "review"
+				reviews++
+			}
+		}
+		prefix := fmt.Sprintf("%strial%d:", rdb.Prefix, trial)
+		stream := prefix + "outbox.event.transfer"
+		c, err := New(rdb.Client, Config{
+			Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1",
+			AmountLimitCents: amountLimit, WindowLimitCents: windowLimit, Window: window,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EnsureGroup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		order := rng.Perm(len(teds))
+		if trial == 0 { // in settled order, the usual case
+			slices.SortFunc(order, func(i, j int) int { return teds[i].at.Compare(teds[j].at) })
+		}
+		ids := make([]uuid.UUID, len(teds))
+		for len(order) > 0 {
+			n := min(len(order), 1+rng.IntN(12)) // a read of n entries: one pipeline
+			for _, i := range order[:n] {
+				ids[i] = publish(t, rdb, stream, teds[i].from, teds[i].cents, teds[i].at)
+			}
+			order = order[n:]
+			if got, err := consumertest.ReadNew(ctx, c.Consumer); err != nil || got != n {
+				t.Fatalf("read %d of %d entries: %v", got, n, err)
+			}
+		}
+		for i := range teds {
+			v, err := Verdict(ctx, rdb.Client, Keys{Prefix: prefix + "fraud:"}, ids[i].String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v != want[i] {
+				t.Errorf("trial %d: transfer %d (%s, %d cents at %s): verdict %q, want %q",
+					trial, i, teds[i].from, teds[i].cents, teds[i].at.Sub(base), v, want[i])
+			}
+		}
+		rep, err := ReadReport(ctx, rdb.Client, Keys{Prefix: prefix + "fraud:"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Reviews != int64(reviews) || rep.Verdicts != int64(len(teds)) {
+			t.Errorf("trial %d: %d reviews counted of %d effects; want %d of %d", trial, rep.Reviews, rep.Verdicts, reviews, len(teds))
+		}
+	}
+}
+
+// A sender's window written before the window entries existed (members
+// 'amount:event_id:transfer_id') is converted at its next event, and counts
+// as it did: its transfers are in the next one's total, and a late arrival
+// still sends one of them to review.
+func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	stream := rdb.Prefix + "outbox.event.transfer"
+	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
+	c, err := New(rdb.Client, Config{
+		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
+		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().UTC().Add(-2 * time.Hour)
+	var earlier []string // transfer ids
+	for _, at := range []time.Time{base, base.Add(20 * time.Minute)} {
+		tid := uuid.NewString()
+		member := fmt.Sprintf("40000:%s:%s", uuid.NewString(), tid)
+		score := float64(at.UnixMilli())
+		if err := rdb.ZAdd(ctx, keys.Window("ana"), redis.Z{Score: score, Member: member}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.ZAdd(ctx, keys.Approved("ana"), redis.Z{Score: score, Member: member}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.Set(ctx, keys.Verdict(tid), "approve", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		earlier = append(earlier, tid)
+	}
+	next := publish(t, rdb, stream, "ana", 30_000, base.Add(40*time.Minute)) // 110k in its hour
+	late := publish(t, rdb, stream, "ana", 25_000, base.Add(10*time.Minute)) // 105k in the 20-minute one's
+	if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		what, id, want string
+		event          bool
+	}{
+		{"the earlier first", earlier[0], "approve", false},
+		{"the earlier second, pushed over by the late arrival", earlier[1], "review", false},
+		{"the next", next.String(), "review", true},
+		{"the late arrival", late.String(), "approve", true},
+	} {
+		var got string
+		if tc.event {
+			got, err = Verdict(ctx, rdb.Client, keys, tc.id)
+		} else {
+			got, err = rdb.Get(ctx, keys.Verdict(tc.id)).Result()
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: verdict %q (err %v), want %q", tc.what, got, err, tc.want)
+		}
+	}
+	if members, _ := rdb.ZRange(ctx, keys.Window("ana"), 0, -1).Result(); len(members) != 4 || strings.Contains(strings.Join(members, " "), ":") {
+		t.Errorf("window after the conversion: %v, want four numbered entries", members)
 	}
 }

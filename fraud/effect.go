@@ -23,7 +23,7 @@ func (e *effects) effectKeys(k Keys, ev Event, batch string) []string {
 		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
 		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
 		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(e.cfg.Group), k.Approved(ev.FromAccount),
-		k.Audit(), k.BatchGate(batch),
+		k.Audit(), k.BatchGate(batch), k.WindowEntries(ev.FromAccount),
 	}
 }
 

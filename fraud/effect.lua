@@ -20,6 +20,11 @@
 -- KEYS[11] the audit stream (Config.AuditLen): the effects in the order applied
 -- KEYS[12] the batch's gate (a hash, one per pipeline: its senders whose
 --          event failed in it; written only on a failure)
+-- KEYS[13] the sender's window entries (a hash, bounded like the window):
+--          field 'n' numbers the transfers as they arrive; field <number>
+--          holds 'cum:amount:event_id:transfer_id', cum being the running
+--          sum of the amounts of the window's transfers up to this one in
+--          the window's order (by settled_at, then arrival)
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -74,7 +79,7 @@ local function apply()
   -- Keys written after the first non-idempotent write must not fail mid-script
   -- (a wrong type would leave half an effect behind): check them first.
   local audit = tonumber(ARGV[20])
-  local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}}
+  local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}, {KEYS[13], 'hash'}}
   if audit > 0 then
     table.insert(typed, {KEYS[11], 'stream'})
   end
@@ -89,37 +94,121 @@ local function apply()
   local at = tonumber(ARGV[6])
   local window = tonumber(ARGV[7])
   local expireAt = tonumber(ARGV[12])
-
-  -- The sender's total over (at - window, at], this transfer included.
-  local function windowTotal(upTo)
-    local sum = 0
-    for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (upTo - window), upTo)) do
-      sum = sum + tonumber(string.match(member, '^(%d+):'))
-    end
-    return sum
-  end
-  local total = amount + windowTotal(at)
   local limit = tonumber(ARGV[9])
 
+  -- The sender's window (KEYS[6]) holds its recent transfers by number
+  -- (KEYS[13]), scored by settled_at; numbers grow with arrival, so a
+  -- transfer arriving in settled order goes last. Each entry carries the
+  -- running sum up to it, so the total of any span of the window is two
+  -- lookups (O(log k)), not a scan of it. Windows written as
+  -- 'amount:event:transfer' members (before the entries) are converted once.
+  local function entry(num)
+    local v = redis.call('HGET', KEYS[13], num)
+    if not v then
+      return nil
+    end
+    local cum, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
+    return {cum = tonumber(cum), amount = tonumber(amt), event = ev, transfer = tr}
+  end
+  local function value(cum, amt, ev, tr)
+    return string.format('%d:%d:', cum, amt) .. ev .. ':' .. tr
+  end
+  local function convert()
+    local old = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+    local approved = {}
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do
+      approved[m] = true
+    end
+    redis.call('DEL', KEYS[6], KEYS[10], KEYS[13])
+    local cum = 0
+    for i = 1, #old, 2 do
+      local amt, rest = string.match(old[i], '^(%d+):(.+)$')
+      if amt then
+        local num = string.format('%015d', redis.call('HINCRBY', KEYS[13], 'n', 1))
+        cum = cum + tonumber(amt)
+        redis.call('HSET', KEYS[13], num, string.format('%d:', cum) .. old[i])
+        redis.call('ZADD', KEYS[6], old[i + 1], num)
+        if approved[old[i]] then
+          redis.call('ZADD', KEYS[10], old[i + 1], num)
+        end
+      end
+    end
+  end
+  local last = redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  if #last > 0 and string.find(last[1], ':', 1, true) then
+    convert()
+    last = redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  end
+  -- The window's total over (lo, hi], from the running sums of its first
+  -- and last transfers there.
+  local function total(lo, hi)
+    local first = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lo, hi, 'LIMIT', 0, 1)
+    if #first == 0 then
+      return 0
+    end
+    local lastIn = redis.call('ZREVRANGEBYSCORE', KEYS[6], hi, '(' .. lo, 'LIMIT', 0, 1)
+    local f, l = entry(first[1]), entry(lastIn[1])
+    if not f or not l then
+      error('window entries of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
+    end
+    return l.cum - f.cum + f.amount
+  end
+
+  -- Reads first (an inconsistent window fails here, before any write).
+  -- The sender's total over (at - window, at], this transfer included.
+  local windowTotal = amount + total(at - window, at)
   local verdict, reason = 'approve', ''
   if amount > tonumber(ARGV[8]) then
     verdict, reason = 'review', 'amount'
-  elseif total > limit then
+  elseif windowTotal > limit then
     verdict, reason = 'review', 'velocity'
   end
-
+  -- Where it goes: after every transfer settled up to its instant; its
+  -- running sum is theirs plus its amount, and every transfer settled after
+  -- it (none when transfers arrive in order, the usual case) has this
+  -- amount added to its own.
+  local cumBefore = 0
+  local prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], at, '-inf', 'LIMIT', 0, 1)
+  if #prev > 0 then
+    local e = entry(prev[1])
+    if not e then
+      error('window entry ' .. prev[1] .. ' of sender ' .. ARGV[4] .. ' missing')
+    end
+    cumBefore = e.cum
+  elseif #last > 0 then
+    local firstAll = redis.call('ZRANGE', KEYS[6], 0, 0)
+    local e = entry(firstAll[1])
+    if not e then
+      error('window entry ' .. firstAll[1] .. ' of sender ' .. ARGV[4] .. ' missing')
+    end
+    cumBefore = e.cum - e.amount
+  end
+  local after = {}
+  if #last > 0 and tonumber(last[2]) > at then
+    after = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. at, '+inf')
+  end
   -- Approved transfers settled in [at, at + window) that arrived before this
   -- one: their windows include it, so it may push them over the limit. Only
-  -- approved ones can change, and they are kept apart (KEYS[10]). Read
-  -- before this transfer joins. Those settled at this very instant (a payroll
-  -- settled in one transaction shares one) have this transfer's window total,
-  -- so they matter only when it is over the limit; the ones after it are none
-  -- at all when transfers arrive in order, the usual case.
+  -- approved ones can change, and they are kept apart (KEYS[10]). Those
+  -- settled at this very instant (a payroll settled in one transaction
+  -- shares one) have this transfer's window total, so they matter only when
+  -- it is over the limit; the ones after it are none at all when transfers
+  -- arrive in order. Each later one's total gains this transfer's amount.
   local ties = {}
-  if total > limit then
+  if windowTotal > limit then
     ties = redis.call('ZRANGEBYSCORE', KEYS[10], at, at)
   end
-  local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
+  local pushed = {}
+  if #after > 0 then
+    local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
+    for i = 1, #later, 2 do
+      local lscore = tonumber(later[i + 1])
+      local ltotal = amount + total(lscore - window, lscore)
+      if ltotal > limit then
+        table.insert(pushed, {later[i], ltotal})
+      end
+    end
+  end
 
   -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
   if expireAt > 0 then
@@ -129,18 +218,45 @@ local function apply()
     redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
     redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
   end
-  local member = ARGV[5] .. ':' .. ARGV[2] .. ':' .. ARGV[3]
-  redis.call('ZADD', KEYS[6], at, member)
+  local num = string.format('%015d', redis.call('HINCRBY', KEYS[13], 'n', 1))
+  redis.call('HSET', KEYS[13], num, value(cumBefore + amount, amount, ARGV[2], ARGV[3]))
+  for _, m in ipairs(after) do
+    local e = entry(m)
+    if e then
+      redis.call('HSET', KEYS[13], m, value(e.cum + amount, e.amount, e.event, e.transfer))
+    end
+  end
+  redis.call('ZADD', KEYS[6], at, num)
   if verdict == 'approve' then
-    redis.call('ZADD', KEYS[10], at, member)
+    redis.call('ZADD', KEYS[10], at, num)
   end
   -- Forget transfers older than the newest one seen minus two windows: events
   -- of one sender can arrive up to a window late and still be judged right.
-  local newest = tonumber(redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')[2])
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (newest - 2 * window))
-  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', '(' .. (newest - 2 * window))
+  local newest = at
+  if #last > 0 then
+    newest = math.max(newest, tonumber(last[2]))
+  end
+  local cutoff = '(' .. (newest - 2 * window)
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
+    redis.call('HDEL', KEYS[13], m)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', cutoff)
+  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', cutoff)
+  -- The running sums only grow while the sender keeps sending: bring them
+  -- back near zero long before they leave a double's exact integers.
+  local firstLeft = entry(redis.call('ZRANGE', KEYS[6], 0, 0)[1])
+  if firstLeft and firstLeft.cum - firstLeft.amount > 2 ^ 48 then
+    local base = firstLeft.cum - firstLeft.amount
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+      local e = entry(m)
+      if e then
+        redis.call('HSET', KEYS[13], m, value(e.cum - base, e.amount, e.event, e.transfer))
+      end
+    end
+  end
   redis.call('PEXPIRE', KEYS[6], ARGV[16])
   redis.call('PEXPIRE', KEYS[10], ARGV[16])
+  redis.call('PEXPIRE', KEYS[13], ARGV[16])
   -- Then the counters, which must happen once.
   if expireAt > 0 then
     redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
@@ -157,52 +273,33 @@ local function apply()
     redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
       'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
       'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
-      'window_total_cents', string.format('%d', total), 'reason', reason)
+      'window_total_cents', string.format('%d', windowTotal), 'reason', reason)
   end
-  -- Later transfers that this one pushes over the limit go to review (and
-  -- leave the approved set: they can change no more). Their window totals,
-  -- now with this transfer, come from one sorted read of the sender's window
-  -- around them and one pass of a sliding sum: linear in the window, however
-  -- many candidates (a payroll settled in one transaction: thousands of
-  -- transfers at one instant, all approved while under the limit).
+  -- Transfers this one pushes over the limit go to review (and leave the
+  -- approved set: they can change no more).
   local revised = 0
-  local function revise(lmember, ltotal)
-    local lamount, levent, ltransfer = string.match(lmember, '^(%d+):([^:]+):(.+)$')
-    if not ltransfer then
+  local function revise(lnum, ltotal)
+    local e = entry(lnum)
+    redis.call('ZREM', KEYS[10], lnum)
+    if not e then
       return
     end
-    redis.call('ZREM', KEYS[10], lmember)
-    local vkey = ARGV[18] .. ltransfer
+    local vkey = ARGV[18] .. e.transfer
     if redis.call('GET', vkey) == 'approve' then
       redis.call('SET', vkey, 'review', 'KEEPTTL')
       redis.call('HINCRBY', KEYS[7], 'reviews', 1)
       redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-        'event_id', levent, 'transfer_id', ltransfer, 'from_account', ARGV[4],
-        'amount_cents', lamount, 'window_total_cents', string.format('%d', ltotal),
+        'event_id', e.event, 'transfer_id', e.transfer, 'from_account', ARGV[4],
+        'amount_cents', string.format('%d', e.amount), 'window_total_cents', string.format('%d', ltotal),
         'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
       revised = revised + 1
     end
   end
   for _, m in ipairs(ties) do
-    revise(m, total)
+    revise(m, windowTotal)
   end
-  if #later > 0 then
-    local span = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (at - window), '(' .. (at + window), 'WITHSCORES')
-    local lo, hi, sum = 1, 1, 0 -- span[lo..hi) (pairs) is the current window
-    for i = 1, #later, 2 do
-      local lscore = tonumber(later[i + 1])
-      while hi <= #span and tonumber(span[hi + 1]) <= lscore do
-        sum = sum + tonumber(string.match(span[hi], '^(%d+):'))
-        hi = hi + 2
-      end
-      while lo < hi and tonumber(span[lo + 1]) <= lscore - window do
-        sum = sum - tonumber(string.match(span[lo], '^(%d+):'))
-        lo = lo + 2
-      end
-      if sum > limit then
-        revise(later[i], sum)
-      end
-    end
+  for _, p in ipairs(pushed) do
+    revise(p[1], p[2])
   end
   redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
   if verdict == 'review' then
