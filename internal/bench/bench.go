@@ -78,6 +78,14 @@ type Result struct {
 	BacklogBounded *bool  `json:"backlog_bounded,omitempty"`
 	// consume: deliveries skipped as duplicates (N includes them).
 	Duplicates *int64 `json:"duplicates,omitempty"`
+	// consume: the minimal consumer (minimal.go) over as many entries of
+	// the same shape, in the same run, and events_per_s over its.
+	BaselineEventsPerS *float64 `json:"baseline_events_per_s,omitempty"`
+	RatioToBaseline    *float64 `json:"ratio_to_baseline,omitempty"`
+	// latency_commit_to_stream: p50_ms and p99_ms over those of the
+	// minimal relay's run (latency_minimal_commit_to_stream), same run.
+	RatioP50ToBaseline *float64 `json:"ratio_p50_to_baseline,omitempty"`
+	RatioP99ToBaseline *float64 `json:"ratio_p99_to_baseline,omitempty"`
 	// drain, consume: peak resident set of the whole harness process during
 	// the timed phase (VmHWM, reset just before it), and its RSS then.
 	PeakRSSKB   *int64 `json:"peak_rss_kb,omitempty"`
@@ -326,6 +334,10 @@ func combine(runs []Result) Result {
 	c.OverOneS = medianInt(runs, func(r Result) *int64 { return r.OverOneS })
 	c.MaxBacklog = medianInt(runs, func(r Result) *int64 { return r.MaxBacklog })
 	c.Duplicates = medianInt(runs, func(r Result) *int64 { return r.Duplicates })
+	c.BaselineEventsPerS = medianPtr(runs, func(r Result) *float64 { return r.BaselineEventsPerS })
+	c.RatioToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioToBaseline })
+	c.RatioP50ToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioP50ToBaseline })
+	c.RatioP99ToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioP99ToBaseline })
 	c.PeakRSSKB = medianInt(runs, func(r Result) *int64 { return r.PeakRSSKB })
 	c.RSSBeforeKB = medianInt(runs, func(r Result) *int64 { return r.RSSBeforeKB })
 	if runs[0].BacklogBounded != nil {

@@ -38,8 +38,10 @@ const (
 // scripts in Redis, or the ledger's double entries in PostgreSQL through the
 // inbox (in the scenario's database). events_per_s counts entries,
 // duplicates included; the effects must then show every distinct event
-// applied once, or it is an error.
-func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64, effect string) (Result, error) {
+// applied once, or it is an error. With baseline (Redis Streams only), the
+// minimal consumer (minimal.go) then runs over as many entries of the same
+// shape, preloaded the same way, for ratio_to_baseline.
+func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64, effect string, baseline bool) (Result, error) {
 	s, err := e.open(ctx, "consume", int32(2+2*consumers))
 	if err != nil {
 		return Result{}, err
@@ -112,6 +114,21 @@ func Consume(ctx context.Context, e Env, n, consumers, batch int, dup float64, e
 		e.Log.Warn("entries applied again after a lost reply (counted as duplicates)", "extra", duplicates-int64(dups))
 	}
 	res.Duplicates = ptr(duplicates)
+	if baseline && s.js == nil {
+		base := s.prefix + "minimal." + transfer.AggregateType
+		if err := preload(ctx, s, base, e.partitions(), n, dups); err != nil {
+			return Result{}, fmt.Errorf("preload the minimal consumer's stream: %w", err)
+		}
+		took, applied, err := minimalConsume(ctx, s.rdb, base, s.prefix, e.partitions(), n, batch)
+		if err != nil {
+			return Result{}, err
+		}
+		if applied != int64(n-dups) {
+			return Result{}, fmt.Errorf("the minimal consumer applied %d of %d distinct events", applied, n-dups)
+		}
+		res.BaselineEventsPerS = ptr(float64(n) / took.Seconds())
+		res.RatioToBaseline = ptr(res.EventsPerS / *res.BaselineEventsPerS)
+	}
 	return res, nil
 }
 

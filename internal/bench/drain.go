@@ -15,32 +15,16 @@ import (
 // harness does not poll the table while they work); the table is checked
 // afterwards. With published > 0, that many already published rows are
 // in the table first (the outbox of a service that has run for a while).
-func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result, error) {
+// With baseline (Redis Streams only), the minimal relay (minimalrelay.go)
+// then drains the same table, emptied and filled again the same way, for
+// ratio_to_baseline.
+func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline bool) (Result, error) {
 	s, err := e.open(ctx, "drain", int32(2*relays+4))
 	if err != nil {
 		return Result{}, err
 	}
 	defer s.close()
-	for done := 0; done < published; done += 1_000_000 {
-		_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload,
-		                                   status, published_at, stream_id)
-			SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
-			       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g),
-			       'published', now(), '0-1'
-			  FROM generate_series(1, $1::int) g`, min(1_000_000, published-done))
-		if err != nil {
-			return Result{}, fmt.Errorf("insert the published rows: %w", err)
-		}
-	}
-	// Partition key = sender, as transfer.SettleTx writes it: 1,000 senders.
-	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
-		SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
-		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g), 'acct-' || (g % 1000)
-		  FROM generate_series(1, $1::int) g`, n)
-	if err != nil {
-		return Result{}, fmt.Errorf("insert the backlog: %w", err)
-	}
-	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE outbox_messages"); err != nil {
+	if err := fillBacklog(ctx, s, n, published); err != nil {
 		return Result{}, err
 	}
 	if err := s.warm(ctx, 2*relays); err != nil {
@@ -91,5 +75,58 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int) (Result,
 	if left, err := s.backlog(ctx); err != nil || left != 0 {
 		return Result{}, fmt.Errorf("after the drain %d rows are still unpublished (err %v)", left, err)
 	}
+	if baseline && s.js == nil {
+		// The minimal relay over the same table: emptied and filled the
+		// same way, publishing to streams of its own.
+		if _, err := s.pool.Exec(ctx, "TRUNCATE outbox_messages"); err != nil {
+			return Result{}, err
+		}
+		if err := fillBacklog(ctx, s, n, published); err != nil {
+			return Result{}, err
+		}
+		rp, err := s.relayPool(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		m := &minimalRelay{pool: rp, rdb: s.rdb, prefix: s.prefix + "minimal.", parts: e.partitions()}
+		took, err := m.timeDrain(ctx, n)
+		if err != nil {
+			return Result{}, err
+		}
+		if left, err := s.backlog(ctx); err != nil || left != 0 {
+			return Result{}, fmt.Errorf("after the minimal relay's drain %d rows are still unpublished (err %v)", left, err)
+		}
+		res.BaselineEventsPerS = ptr(float64(n) / took.Seconds())
+		res.RatioToBaseline = ptr(res.EventsPerS / *res.BaselineEventsPerS)
+	}
 	return res, nil
+}
+
+// fillBacklog inserts published already published rows, then a backlog of
+// n pending ones, and vacuums the table.
+func fillBacklog(ctx context.Context, s *space, n, published int) error {
+	var err error
+	for done := 0; done < published; done += 1_000_000 {
+		_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload,
+		                                   status, published_at, stream_id)
+			SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
+			       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g),
+			       'published', now(), '0-1'
+			  FROM generate_series(1, $1::int) g`, min(1_000_000, published-done))
+		if err != nil {
+			return fmt.Errorf("insert the published rows: %w", err)
+		}
+	}
+	// Partition key = sender, as transfer.SettleTx writes it: 1,000 senders.
+	_, err = s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
+		SELECT 'transfer', gen_random_uuid()::text, 'transfer.settled',
+		       jsonb_build_object('n', g, 'from_account', 'acct-' || (g % 1000), 'amount_cents', g), 'acct-' || (g % 1000)
+		  FROM generate_series(1, $1::int) g`, n)
+	if err != nil {
+		return fmt.Errorf("insert the backlog: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, "VACUUM ANALYZE outbox_messages"); err != nil {
+		return err
+	}
+	return nil
 }

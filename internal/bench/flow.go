@@ -22,10 +22,12 @@ import (
 // flow is one relay (default configuration but for its stream prefix) and one
 // anti-fraud consumer running on a space, recording when each event was
 // committed (Settle returned), first seen in the stream (by a separate XREAD
-// reader, when asked for) and first judged by the consumer.
+// reader, when asked for) and first judged by the consumer. A minimal flow
+// (startMinimalFlow) runs the minimal relay instead, and no consumer.
 type flow struct {
 	s        *space
 	relay    *relay.Relay
+	minimal  *minimalRelay
 	consumer *fraud.Consumer
 	reader   bool
 	errs     atomic.Int64
@@ -69,18 +71,9 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		return nil, err
 	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
-	if reader {
-		// Blocking XREADs from the start of each partition's stream,
-		// matching event ids.
-		for _, stream := range partition.Streams(stream, e.partitions()) {
-			if s.js != nil {
-				if err := f.subscribe(stream); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			f.wg.Go(func() { f.read(s.rdb, stream) })
-		}
+	if err := f.startReaders(e, stream); err != nil {
+		f.stop()
+		return nil, err
 	}
 	f.wg.Go(func() { _ = f.relay.Run(f.ctx) })
 	f.wg.Go(func() { _ = f.consumer.Run(f.ctx) })
@@ -92,6 +85,55 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		time.Sleep(time.Millisecond)
 	}
 	return f, nil
+}
+
+// startMinimalFlow starts the minimal relay (minimalrelay.go) and the
+// stream reader on a space of Redis Streams whose notify mode always
+// notifies.
+func startMinimalFlow(ctx context.Context, e Env, s *space) (*flow, error) {
+	f := &flow{s: s, reader: true, committed: map[uuid.UUID]time.Time{},
+		inStream: map[uuid.UUID]time.Time{}, judged: map[uuid.UUID]time.Time{}}
+	rp, err := s.relayPool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.minimal = &minimalRelay{pool: rp, rdb: s.rdb, prefix: s.prefix, parts: e.partitions()}
+	f.ctx, f.cancel = context.WithCancel(ctx)
+	if err := f.startReaders(e, s.prefix+transfer.AggregateType); err != nil {
+		f.stop()
+		return nil, err
+	}
+	f.wg.Go(func() {
+		if err := f.minimal.run(f.ctx); err != nil {
+			e.Log.Error("minimal relay", "error", err)
+		}
+	})
+	for !f.minimal.listening.Load() {
+		if err := f.ctx.Err(); err != nil {
+			f.stop()
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return f, nil
+}
+
+// startReaders starts the stream readers, when the flow has them.
+func (f *flow) startReaders(e Env, stream string) error {
+	if f.reader {
+		// Blocking XREADs from the start of each partition's stream,
+		// matching event ids.
+		for _, stream := range partition.Streams(stream, e.partitions()) {
+			if f.s.js != nil {
+				if err := f.subscribe(stream); err != nil {
+					return err
+				}
+				continue
+			}
+			f.wg.Go(func() { f.read(f.s.rdb, stream) })
+		}
+	}
+	return nil
 }
 
 func (f *flow) stop() {
@@ -125,7 +167,7 @@ func (f *flow) wait(timeout time.Duration) error {
 		f.mu.Lock()
 		c, s, j := len(f.committed), len(f.inStream), len(f.judged)
 		f.mu.Unlock()
-		if j >= c && (!f.reader || s >= c) {
+		if (j >= c || f.consumer == nil) && (!f.reader || s >= c) {
 			return nil
 		}
 		if time.Now().After(deadline) {

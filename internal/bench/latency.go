@@ -10,8 +10,67 @@ import (
 // Settle returned, commit → stream entry (seen by a separate XREAD reader)
 // and commit → verdict. It returns both results; their events_per_s is the
 // rate achieved (events over the writing phase). mode, when not empty, is
-// the notify mode to switch to first (outbox_notify_mode).
-func Latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Result, error) {
+// the notify mode to switch to first (outbox_notify_mode). With baseline
+// (Redis Streams only), the minimal relay (minimalrelay.go) then runs the
+// same schedule in a space of its own, notify mode always, with the same
+// reader: a third result, latency_minimal_commit_to_stream, and the first's
+// ratio_p50_to_baseline and ratio_p99_to_baseline.
+func Latency(ctx context.Context, e Env, rate float64, n int, mode string, baseline bool) ([]Result, error) {
+	out, err := latency(ctx, e, rate, n, mode)
+	if err != nil || !baseline || e.JS != nil {
+		return out, err
+	}
+	base, err := latencyMinimal(ctx, e, rate, n)
+	if err != nil {
+		return nil, err
+	}
+	if base.P50Ms > 0 && base.P99Ms > 0 {
+		out[0].RatioP50ToBaseline = ptr(out[0].P50Ms / base.P50Ms)
+		out[0].RatioP99ToBaseline = ptr(out[0].P99Ms / base.P99Ms)
+	}
+	return append(out, base), nil
+}
+
+// latencyMinimal is the minimal relay's commit → stream on the schedule.
+func latencyMinimal(ctx context.Context, e Env, rate float64, n int) (Result, error) {
+	s, err := e.open(ctx, "latency_minimal", 64)
+	if err != nil {
+		return Result{}, err
+	}
+	defer s.close()
+	if err := s.notifyMode(ctx, "always"); err != nil {
+		return Result{}, err
+	}
+	if err := s.warm(ctx, 16); err != nil {
+		return Result{}, err
+	}
+	f, err := startMinimalFlow(ctx, e, s)
+	if err != nil {
+		return Result{}, err
+	}
+	defer f.stop()
+	start := time.Now()
+	lag, err := openLoop(ctx, rate, n, f.settle)
+	if err != nil {
+		return Result{}, err
+	}
+	took := time.Since(start)
+	if err := f.wait(30 * time.Second); err != nil {
+		return Result{}, err
+	}
+	toStream, _ := f.latencies()
+	if len(toStream) == 0 {
+		return Result{}, errNoEvents
+	}
+	r := percentiles("latency_minimal_commit_to_stream", toStream, took,
+		map[string]any{"rate": rate, "mode": "always", "relays": 1, "relay": "minimal", "poll": "50ms", "broker": s.broker()})
+	r.OverOneS = overOneSecond(toStream)
+	r.Errors = ptr(f.errs.Load())
+	r.MaxScheduleLagMs = ptr(ms(lag))
+	return r, nil
+}
+
+func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Result, error) {
 	s, err := e.open(ctx, "latency", 64)
 	if err != nil {
 		return nil, err

@@ -42,6 +42,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
 		effect                       *string
+		baseline                     *bool
 		broker                       *brokerChoice
 		minReplicas                  *int
 		writerCounts                 []int
@@ -61,16 +62,19 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		rate = fs.Float64("rate", 200, "TEDs per second (open-loop schedule)")
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 		minReplicas = fs.Int("min-replicas", 0, "relay and consumer wait for this many Redis replicas (--min-replicas); the Redis needs them")
+		baseline = fs.Bool("baseline", true, "also run the minimal relay (Redis Streams only) on the same schedule, for ratio_p50_to_baseline and ratio_p99_to_baseline")
 	case "drain":
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
 		batch = fs.Int("batch", 500, "relay batch size")
 		published = fs.Int("published", 0, "already published rows in the table before the backlog (an outbox that has run for a while)")
+		baseline = fs.Bool("baseline", true, "also run the minimal relay (Redis Streams only) over the same table, for ratio_to_baseline")
 	case "consume":
 		n = fs.Int("n", 20_000, "stream entries to preload, duplicates included")
 		consumers = fs.Int("consumers", 1, "anti-fraud consumers of the group")
 		batch = fs.Int("batch", 100, "entries per consumer read")
 		dup = fs.Float64("duplicates", 0.05, "fraction of the entries that re-add an earlier entry's event")
+		baseline = fs.Bool("baseline", true, "also run the minimal consumer (Redis Streams only) over as many entries, for ratio_to_baseline")
 		effect = fs.String("effect", bench.EffectLua, "the consumers' effect: lua (anti-fraud's scripts in Redis) or inbox (the ledger's double entries in PostgreSQL with the inbox)")
 	case "sustained":
 		rate = fs.Float64("rate", 500, "TEDs per second (open-loop schedule)")
@@ -211,11 +215,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "writers":
 			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll, OffPoll: *offPoll})
 		case "latency":
-			return bench.Latency(ctx, env, *rate, *n, *mode)
+			return bench.Latency(ctx, env, *rate, *n, *mode, *baseline)
 		case "drain":
-			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published))
+			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published, *baseline))
 		case "consume":
-			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup, *effect))
+			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup, *effect, *baseline))
 		case "failover":
 			var out []bench.Result
 			for _, o := range ownerships {
@@ -260,6 +264,12 @@ func printBenchTable(e *env, results []bench.Result) error {
 		var notes []string
 		if r.RatioToOff != nil {
 			notes = append(notes, fmt.Sprintf("ratio_to_off=%.2f", *r.RatioToOff))
+		}
+		if r.RatioP50ToBaseline != nil {
+			notes = append(notes, fmt.Sprintf("ratio_p50_to_baseline=%.2f ratio_p99_to_baseline=%.2f", *r.RatioP50ToBaseline, *r.RatioP99ToBaseline))
+		}
+		if r.RatioToBaseline != nil {
+			notes = append(notes, fmt.Sprintf("ratio_to_baseline=%.2f baseline_events_per_s=%.0f", *r.RatioToBaseline, *r.BaselineEventsPerS))
 		}
 		for _, f := range []struct {
 			name string

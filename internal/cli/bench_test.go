@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -62,14 +63,22 @@ func TestBenchJSON(t *testing.T) {
 		if rs[0].PeakRSSKB == nil || *rs[0].PeakRSSKB <= 0 {
 			t.Errorf("no peak_rss_kb: %+v", rs[0])
 		}
+		if b := rs[0].BaselineEventsPerS; b == nil || *b <= 0 || rs[0].RatioToBaseline == nil ||
+			math.Abs(*rs[0].RatioToBaseline - rs[0].EventsPerS / *b) > 1e-9 {
+			t.Errorf("no minimal relay's figures: %+v", rs[0])
+		}
 	})
 	t.Run("latency", func(t *testing.T) {
 		rs := benchLines(t, vars, "bench", "latency", "--rate", "200", "--n", "40", "--json")
-		if scenarios(rs) != "latency_commit_to_stream,latency_commit_to_verdict" {
+		if scenarios(rs) != "latency_commit_to_stream,latency_commit_to_verdict,latency_minimal_commit_to_stream" {
 			t.Fatalf("%+v", rs)
 		}
-		for _, r := range rs {
-			if r.N != 40 || r.MaxMs <= 0 || r.PollsWithWork == nil || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 {
+		if r := rs[0]; r.RatioP50ToBaseline == nil || math.Abs(*r.RatioP50ToBaseline-r.P50Ms/rs[2].P50Ms) > 1e-9 ||
+			r.RatioP99ToBaseline == nil || math.Abs(*r.RatioP99ToBaseline-r.P99Ms/rs[2].P99Ms) > 1e-9 {
+			t.Errorf("the ratios to the minimal relay: %+v", r)
+		}
+		for i, r := range rs {
+			if r.N != 40 || r.MaxMs <= 0 || (i < 2 && r.PollsWithWork == nil) || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 {
 				t.Errorf("%+v", r)
 			}
 			checkOverOneS(t, r)
@@ -85,9 +94,13 @@ func TestBenchJSON(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 		for _, run := range r.Runs {
-			if run.N != 200 || run.EventsPerS <= 0 {
+			if run.N != 200 || run.EventsPerS <= 0 || run.BaselineEventsPerS == nil || *run.BaselineEventsPerS <= 0 ||
+				run.RatioToBaseline == nil || math.Abs(*run.RatioToBaseline - run.EventsPerS / *run.BaselineEventsPerS) > 1e-9 {
 				t.Errorf("run %+v", run)
 			}
+		}
+		if r.RatioToBaseline == nil {
+			t.Errorf("no ratio_to_baseline in the medians: %+v", r)
 		}
 	})
 	t.Run("sustained", func(t *testing.T) {
