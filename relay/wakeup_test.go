@@ -68,3 +68,34 @@ func TestRetryScheduleKeepsEveryTimeUntilCovered(t *testing.T) {
 		t.Fatalf("earliest %v, %d kept", at, len(q.at))
 	}
 }
+
+// A drain tells writers it is busy only when its claims find several
+// commits per round trip: at a low rate, two single-row claims in a row
+// (a commit landing during the first's publish) must not put the relay in
+// the busy state, where each commit waits up to a pace or linger step for
+// the next claim. A full batch, however small, is a backlog.
+func TestBusyOnlyWithSeveralCommitsPerClaim(t *testing.T) {
+	ctx := t.Context()
+	for _, c := range []struct {
+		batch   int
+		claimed []int
+		busy    bool
+	}{
+		{500, []int{1, 1, 1}, false},
+		{500, []int{1, busyMinRows - 1}, false},
+		{500, []int{1, busyMinRows}, true},
+		{500, []int{busyMinRows}, false}, // the first claim of a drain: a wake-up
+		{1, []int{1, 1}, true},
+	} {
+		r := &Relay{cfg: Config{BatchSize: c.batch, BusyPace: -1}}
+		r.listenPID.Store(42)
+		w := r.newWakeup(false)
+		for _, n := range c.claimed {
+			w.sent(BatchResult{Claimed: n}, nil)
+			w.published(ctx, BatchResult{Claimed: n})
+		}
+		if got := w.op == flagBusy; got != c.busy {
+			t.Errorf("batch %d, claims of %v rows: says busy %v, want %v", c.batch, c.claimed, got, c.busy)
+		}
+	}
+}
