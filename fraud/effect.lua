@@ -141,13 +141,25 @@ local function apply()
   end
   -- The window's total over (lo, hi], from the running sums of its first
   -- and last transfers there.
+  -- The window's newest transfer: where an in-order arrival goes, and
+  -- the last transfer of its window.
+  local lastEntry
+  if #last > 0 then
+    lastEntry = entry(last[1])
+    if not lastEntry then
+      error('window entry ' .. last[1] .. ' of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
+    end
+  end
   local function total(lo, hi)
     local first = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lo, hi, 'LIMIT', 0, 1)
     if #first == 0 then
       return 0
     end
-    local lastIn = redis.call('ZREVRANGEBYSCORE', KEYS[6], hi, '(' .. lo, 'LIMIT', 0, 1)
-    local f, l = entry(first[1]), entry(lastIn[1])
+    local l = lastEntry
+    if tonumber(last[2]) > hi then
+      l = entry(redis.call('ZREVRANGEBYSCORE', KEYS[6], hi, '(' .. lo, 'LIMIT', 0, 1)[1])
+    end
+    local f = entry(first[1])
     if not f or not l then
       error('window entries of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
     end
@@ -168,14 +180,19 @@ local function apply()
   -- it (none when transfers arrive in order, the usual case) has this
   -- amount added to its own.
   local cumBefore = 0
-  local prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], at, '-inf', 'LIMIT', 0, 1)
+  local prev = {}
+  if #last > 0 and tonumber(last[2]) <= at then
+    cumBefore = lastEntry.cum -- in order: after the newest
+  elseif #last > 0 then
+    prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], at, '-inf', 'LIMIT', 0, 1)
+  end
   if #prev > 0 then
     local e = entry(prev[1])
     if not e then
       error('window entry ' .. prev[1] .. ' of sender ' .. ARGV[4] .. ' missing')
     end
     cumBefore = e.cum
-  elseif #last > 0 then
+  elseif #last > 0 and tonumber(last[2]) > at then
     local firstAll = redis.call('ZRANGE', KEYS[6], 0, 0)
     local e = entry(firstAll[1])
     if not e then
@@ -213,10 +230,16 @@ local function apply()
   -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
   if expireAt > 0 then
     redis.call('SET', KEYS[2], verdict, 'PXAT', expireAt)
-    redis.call('SADD', KEYS[4], ARGV[4])
-    redis.call('PEXPIREAT', KEYS[4], expireAt)
-    redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13])
-    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
+    -- The day's senders and the days index change only with a new sender
+    -- or day (their expiry and trim too: the same instant for every
+    -- transfer of a day, and a new day at least once a day; a --retention
+    -- changed in the middle of a day applies to the day keys created after).
+    if redis.call('SADD', KEYS[4], ARGV[4]) == 1 then
+      redis.call('PEXPIREAT', KEYS[4], expireAt)
+    end
+    if redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13]) == 1 then
+      redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
+    end
   end
   local num = string.format('%015d', redis.call('HINCRBY', KEYS[13], 'n', 1))
   redis.call('HSET', KEYS[13], num, value(cumBefore + amount, amount, ARGV[2], ARGV[3]))
@@ -236,15 +259,21 @@ local function apply()
   if #last > 0 then
     newest = math.max(newest, tonumber(last[2]))
   end
-  local cutoff = '(' .. (newest - 2 * window)
-  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
-    redis.call('HDEL', KEYS[13], m)
+  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  if tonumber(oldest[2]) < newest - 2 * window then
+    local cutoff = '(' .. (newest - 2 * window)
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
+      redis.call('HDEL', KEYS[13], m)
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', cutoff)
+    redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', cutoff)
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', cutoff)
-  redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', cutoff)
   -- The running sums only grow while the sender keeps sending: bring them
   -- back near zero long before they leave a double's exact integers.
-  local firstLeft = entry(redis.call('ZRANGE', KEYS[6], 0, 0)[1])
+  local firstLeft
+  if cumBefore + amount > 2 ^ 48 then
+    firstLeft = entry(redis.call('ZRANGE', KEYS[6], 0, 0)[1])
+  end
   if firstLeft and firstLeft.cum - firstLeft.amount > 2 ^ 48 then
     local base = firstLeft.cum - firstLeft.amount
     for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
@@ -260,8 +289,9 @@ local function apply()
   -- Then the counters, which must happen once.
   if expireAt > 0 then
     redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-    redis.call('HINCRBY', KEYS[3], 'transfers', 1)
-    redis.call('PEXPIREAT', KEYS[3], expireAt)
+    if redis.call('HINCRBY', KEYS[3], 'transfers', 1) == 1 then
+      redis.call('PEXPIREAT', KEYS[3], expireAt) -- the same instant for the whole day
+    end
   end
   redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
   if audit > 0 then
