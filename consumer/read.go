@@ -111,7 +111,7 @@ func (c *Consumer) adoptEarlier(ctx context.Context, f feed, before string) erro
 			Stream: f.stream, Group: c.cfg.Group, Start: start, End: end, Count: int64(c.cfg.BatchSize),
 		}).Result()
 		if err != nil {
-			return fmt.Errorf("pending entries before %s: %w", before, err)
+			return fmt.Errorf("pending entries before %s: %w", cmp.Or(before, "the end"), err)
 		}
 		var ids []string
 		for _, p := range pending {

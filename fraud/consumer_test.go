@@ -336,3 +336,51 @@ func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
 		t.Errorf("window after the conversion: %v, want four numbered entries", members)
 	}
 }
+
+// A sender's window keeps its transfers of the last two windows before its
+// newest one, and the window entries keep exactly those.
+func TestWindowIsTrimmedToTwoWindows(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	stream := rdb.Prefix + "outbox.event.transfer"
+	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
+	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1", Window: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().UTC().Add(-5 * time.Hour)
+	for _, h := range []int{0, 1, 2, 3, 4} { // hours after base
+		publish(t, rdb, stream, "ana", 1_000, base.Add(time.Duration(h)*time.Hour))
+		if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scores, err := rdb.ZRangeWithScores(ctx, keys.Window("ana"), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hours []int
+	for _, z := range scores {
+		hours = append(hours, int(time.UnixMilli(int64(z.Score)).Sub(base).Round(time.Minute).Hours()))
+	}
+	if !slices.Equal(hours, []int{2, 3, 4}) {
+		t.Fatalf("window holds the transfers of hours %v after the first, want 2, 3, 4 (two windows before the newest)", hours)
+	}
+	fields, err := rdb.HKeys(ctx, keys.WindowEntries("ana")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(fields)
+	var want []string
+	for _, z := range scores {
+		want = append(want, fmt.Sprint(z.Member))
+	}
+	want = append(want, "n")
+	slices.Sort(want)
+	if !slices.Equal(fields, want) {
+		t.Fatalf("window entries %v, want the window's %v and the counter", fields, want)
+	}
+}
