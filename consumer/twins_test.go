@@ -139,30 +139,7 @@ func (s slowOn) Handle(ctx context.Context, b Batch) []Result {
 // its effects are fenced) is applied by the partition's owner before the
 // entries after it, not left in the name's pending list until it idles out.
 func TestEntryATwinReadIsAppliedInOrder(t *testing.T) {
-	rdb := outboxtest.NewRedis(t)
-	cfg := testConfig(rdb, "same")
-	cfg.Block = 100 * time.Millisecond
-	h := newRecorder(rdb.Client)
-	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(rdb, c, 0) }, "the consumer never took the stream")
-
-	publish(t, rdb, cfg.Stream, "e1")
-	time.Sleep(150 * time.Millisecond) // the owner is applying e1, slowly: not reading
-	publish(t, rdb, cfg.Stream, "e2")
-	// The twin reads e2 under the same name, and goes away.
-	res, err := rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{
-		Group: "test", Consumer: "same", Streams: []string{cfg.Stream, ">"}, Count: 1, Block: -1,
-	}).Result()
-	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 || res[0].Messages[0].Values["aggregate_id"] != "e2" {
-		t.Fatalf("the twin's read: %v (%v), want e2", res, err)
-	}
+	rdb, cfg, h := twinReadsE2(t, 30*time.Second)
 	publish(t, rdb, cfg.Stream, "e3")
 	for deadline := time.Now().Add(10 * time.Second); len(h.effects()) < 3 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
@@ -178,10 +155,25 @@ func TestEntryATwinReadIsAppliedInOrder(t *testing.T) {
 // entries left them there for 30 s, and the next entries of their keys could
 // be applied first).
 func TestEntryATwinReadLastIsAppliedWithinABlock(t *testing.T) {
+	_, _, h := twinReadsE2(t, time.Minute)
+	read := time.Now()
+	for len(h.effects()) < 2 && time.Since(read) < 5*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2"}) {
+		t.Fatalf("%s after the twin read e2, applied %v, want e1, e2", time.Since(read).Round(time.Millisecond), got)
+	}
+}
+
+// twinReadsE2 runs a consumer "same" that owns the stream and applies e1
+// slowly; while it does, e2 is published and a twin under its name reads it
+// (and goes away). claimMinIdle is the consumer's.
+func twinReadsE2(t *testing.T, claimMinIdle time.Duration) (outboxtest.Redis, Config, *recorder) {
+	t.Helper()
 	rdb := outboxtest.NewRedis(t)
 	cfg := testConfig(rdb, "same")
 	cfg.Block = 100 * time.Millisecond
-	cfg.ClaimMinIdle = time.Minute
+	cfg.ClaimMinIdle = claimMinIdle
 	h := newRecorder(rdb.Client)
 	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond}, cfg)
 	if err != nil {
@@ -202,13 +194,7 @@ func TestEntryATwinReadLastIsAppliedWithinABlock(t *testing.T) {
 	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 || res[0].Messages[0].Values["aggregate_id"] != "e2" {
 		t.Fatalf("the twin's read: %v (%v), want e2", res, err)
 	}
-	read := time.Now()
-	for len(h.effects()) < 2 && time.Since(read) < 5*time.Second {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got := h.effects(); !slices.Equal(got, []string{"e1", "e2"}) {
-		t.Fatalf("%s after the twin read e2, applied %v, want e1, e2", time.Since(read).Round(time.Millisecond), got)
-	}
+	return rdb, cfg, h
 }
 
 // proxied returns a client of rdb's server through a proxy of its own, which
