@@ -31,7 +31,11 @@ const (
 	// DefaultStreamRetention: entries that every consumer group has
 	// acknowledged are trimmed once they are this old.
 	DefaultStreamRetention = time.Hour
-	DefaultBusyPace        = 2 * time.Millisecond
+	// DefaultBusyPace: a busy relay does not pause between claims. With a
+	// 2 ms pace (the default before), commit → stream's p50 at 1,000 TEDs/s
+	// was 1.0 to 1.7 times what it is without, in runs of two days, and the
+	// writers' throughput the same within noise (docs/log.md, 2026-12-03).
+	DefaultBusyPace time.Duration = 0
 )
 
 // MaxBatchSize bounds Config.BatchSize.
@@ -83,7 +87,7 @@ type Config struct {
 	// it claims again, so that commits gather into fewer, larger batches. It
 	// costs events up to this much latency under load and nothing at low
 	// load (a relay that drains one batch and goes back to sleep never
-	// paces). Default DefaultBusyPace; negative: never pause.
+	// paces). Zero or negative: never pause (the default).
 	BusyPace time.Duration
 	// ReapInterval is how often the reaper looks for expired leases.
 	// Default: Lease/2.
@@ -170,7 +174,6 @@ func (c Config) withDefaults() Config {
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.ReapInterval = cmp.Or(c.ReapInterval, c.Lease/2)
-	c.BusyPace = cmp.Or(c.BusyPace, DefaultBusyPace)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(DefaultPublishTimeout, c.Lease/2))
 	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, min(time.Second, c.PublishTimeout/2))
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)

@@ -239,14 +239,17 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 // so only when a claim after the first of a drain finds busyMinRows rows (or
 // a full batch): several commits per round trip, a rate at which their
 // NOTIFYs cost the writers more than waking the relay saves. Below it each
-// commit wakes the relay at once; busy, a commit can wait a pace or a
-// linger step (2 ms) for the next claim, which at 200 TEDs/s, one commit
-// every 5 ms, kept the relay lingering from one commit to the next and
-// tripled commit → stream (bench latency against its minimal relay).
+// commit wakes the relay at once; busy, a commit can wait a linger step for
+// the next claim. With a 2 ms step, at 200 TEDs/s (one commit every 5 ms)
+// the relay lingered from one commit to the next and tripled commit →
+// stream. At 1,000/s a 0.5 ms step without the pace gave p50 and p99 of
+// 0.6× and 0.4× those of the 2 ms step and pace in one session, the same
+// within noise in another, and the writers' throughput the same or better
+// (bench latency and bench writers, docs/log.md 2026-12-03).
 const (
 	busyMinRows      = 8
 	busyLingerClaims = 3
-	busyLingerStep   = 2 * time.Millisecond
+	busyLingerStep   = 500 * time.Microsecond
 )
 
 // setState moves the wake-up state, with a debug line per change: the

@@ -99,3 +99,27 @@ func TestBusyOnlyWithSeveralCommitsPerClaim(t *testing.T) {
 		}
 	}
 }
+
+// A busy relay pauses after a small batch only when asked to (BusyPace): by
+// default it claims again at once, since each pause is latency every event
+// of the next batch pays.
+func TestBusyRelayPacesOnlyWhenAsked(t *testing.T) {
+	const pace = 50 * time.Millisecond
+	for _, c := range []struct {
+		cfg    Config
+		paused bool
+	}{
+		{Config{BatchSize: 500}, false},
+		{Config{BatchSize: 500, BusyPace: -1}, false},
+		{Config{BatchSize: 500, BusyPace: pace}, true},
+	} {
+		r := &Relay{cfg: c.cfg.withDefaults()}
+		r.state = saidBusy
+		w := r.newWakeup(false)
+		start := time.Now()
+		w.published(t.Context(), BatchResult{Claimed: 1})
+		if took := time.Since(start); (took >= pace) != c.paused {
+			t.Errorf("busy pace %s: a small batch's publish returned after %s, want a pause of %s: %v", c.cfg.BusyPace, took, pace, c.paused)
+		}
+	}
+}
