@@ -23,7 +23,9 @@ import (
 // anti-fraud consumer running on a space, recording when each event was
 // committed (Settle returned), first seen in the stream (by a separate XREAD
 // reader, when asked for) and first judged by the consumer. A minimal flow
-// (startMinimalFlow) runs the minimal relay instead, and no consumer.
+// (startMinimalFlow) runs the minimal relay instead, next to the same
+// consumer: on 2 cores the consumer's work competes with the relay's, so a
+// baseline without it would be measured on a quieter machine.
 type flow struct {
 	s        *space
 	relay    *relay.Relay
@@ -54,20 +56,7 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.consumer, err = s.newFraud(fraud.Config{Stream: stream, KeyPrefix: s.prefix + "fraud:", Consumer: "bench",
-		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
-		Observer: fraud.ObserverFunc(func(ev fraud.Event, _ fraud.Outcome) {
-			now := time.Now()
-			f.mu.Lock()
-			if _, seen := f.judged[ev.EventID]; !seen {
-				f.judged[ev.EventID] = now
-			}
-			f.mu.Unlock()
-		})})
-	if err != nil {
-		return nil, err
-	}
-	if err := f.consumer.EnsureGroup(ctx); err != nil {
+	if err := f.startConsumer(ctx, e, stream); err != nil {
 		return nil, err
 	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
@@ -76,7 +65,7 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		return nil, err
 	}
 	f.wg.Go(func() { _ = f.relay.Run(f.ctx) })
-	f.wg.Go(func() { _ = f.consumer.Run(f.ctx) })
+	f.runConsumer()
 	for !f.relay.Stats().ListenUp {
 		if err := f.ctx.Err(); err != nil {
 			f.stop()
@@ -98,11 +87,16 @@ func startMinimalFlow(ctx context.Context, e Env, s *space) (*flow, error) {
 		return nil, err
 	}
 	f.minimal = &minimalRelay{pool: rp, rdb: s.rdb, prefix: s.prefix, parts: e.partitions()}
+	stream := s.prefix + transfer.AggregateType
+	if err := f.startConsumer(ctx, e, stream); err != nil {
+		return nil, err
+	}
 	f.ctx, f.cancel = context.WithCancel(ctx)
-	if err := f.startReaders(e, s.prefix+transfer.AggregateType); err != nil {
+	if err := f.startReaders(e, stream); err != nil {
 		f.stop()
 		return nil, err
 	}
+	f.runConsumer()
 	f.wg.Go(func() {
 		if err := f.minimal.run(f.ctx); err != nil {
 			e.Log.Error("minimal relay", "error", err)
@@ -116,6 +110,31 @@ func startMinimalFlow(ctx context.Context, e Env, s *space) (*flow, error) {
 		time.Sleep(time.Millisecond)
 	}
 	return f, nil
+}
+
+// startConsumer makes the flow's anti-fraud consumer and its group
+// (runConsumer starts it).
+func (f *flow) startConsumer(ctx context.Context, e Env, stream string) error {
+	var err error
+	f.consumer, err = f.s.newFraud(fraud.Config{Stream: stream, KeyPrefix: f.s.prefix + "fraud:", Consumer: "bench",
+		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
+		Observer: fraud.ObserverFunc(func(ev fraud.Event, _ fraud.Outcome) {
+			now := time.Now()
+			f.mu.Lock()
+			if _, seen := f.judged[ev.EventID]; !seen {
+				f.judged[ev.EventID] = now
+			}
+			f.mu.Unlock()
+		})})
+	if err != nil {
+		return err
+	}
+	return f.consumer.EnsureGroup(ctx)
+}
+
+// runConsumer runs the flow's consumer until the flow stops.
+func (f *flow) runConsumer() {
+	f.wg.Go(func() { _ = f.consumer.Run(f.ctx) })
 }
 
 // startReaders starts the stream readers, when the flow has them.

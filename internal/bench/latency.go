@@ -13,8 +13,9 @@ import (
 // the notify mode to switch to first (outbox_notify_mode). With baseline
 // (Redis Streams only), the minimal relay (minimalrelay.go) then runs the
 // same schedule in a space of its own, notify mode always, with the same
-// reader: a third result, latency_minimal_commit_to_stream, and the first's
-// ratio_p50_to_baseline and ratio_p99_to_baseline.
+// reader and the same anti-fraud consumer (its work competes for the
+// cores): a third result, latency_minimal_commit_to_stream, and the
+// first's ratio_p50_to_baseline and ratio_p99_to_baseline.
 func Latency(ctx context.Context, e Env, rate float64, n int, mode string, baseline bool) ([]Result, error) {
 	out, err := latency(ctx, e, rate, n, mode)
 	if err != nil || !baseline || e.JS != nil {
