@@ -3,7 +3,6 @@ package fraud
 import (
 	"context"
 	"fmt"
-	"github.com/tedbank/outbox/internal/consumertest"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 

@@ -3,8 +3,8 @@ package fraud
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/tedbank/outbox/internal/consumertest"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -14,6 +14,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
@@ -382,5 +384,94 @@ func TestWindowIsTrimmedToTwoWindows(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(fields, want) {
 		t.Fatalf("window entries %v, want the window's %v and the counter", fields, want)
+	}
+}
+
+// A key of the wrong type that an effect writes after its first
+// non-idempotent write would leave half an effect behind, and the retry once
+// the key is fixed would count the transfer twice. Each such key is checked
+// before the first write: the event fails whole, and applies once when the
+// key is fixed. (The approved set went unchecked before: the window kept the
+// failed attempt's entry and counted the transfer twice.)
+func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	day, _ := Day(now)
+	for _, tc := range []struct {
+		name  string
+		key   func(Keys) string
+		cents int64 // over the amount limit: review
+		audit int
+	}{
+		{"stats", Keys.Stats, 100, 0},
+		{"day totals", func(k Keys) string { return k.DayAccount(day, "ana") }, 100, 0},
+		{"approved set", func(k Keys) string { return k.Approved("ana") }, 100, 0},
+		{"alerts", Keys.Alerts, DefaultAmountLimitCents + 1, 0},
+		{"audit", Keys.Audit, 100, 10},
+		{"window entries", func(k Keys) string { return k.WindowEntries("ana") }, 100, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := outboxtest.NewRedis(t)
+			cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", AuditLen: tc.audit}.withDefaults()
+			e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+			keys := Keys{Prefix: cfg.KeyPrefix}
+			publish(t, rdb, cfg.Stream, "ana", 100, now.Add(-time.Minute)) // a window to join
+			publish(t, rdb, cfg.Stream, "ana", tc.cents, now)
+			x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
+			if err != nil || len(x) != 2 {
+				t.Fatalf("entries %v (%v)", x, err)
+			}
+			batch := func(entry redis.XMessage) consumer.Batch {
+				m, err := consumer.DecodeEntry(entry.ID, entry.Values)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}}
+			}
+			if res := e.Handle(ctx, batch(x[0])); res[0].Err != nil {
+				t.Fatalf("first TED: %v", res[0].Err)
+			}
+			broken := tc.key(keys)
+			saved, err := rdb.Dump(ctx, broken).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				t.Fatal(err)
+			}
+			if err := rdb.Del(ctx, broken).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, broken, "not a "+tc.name, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if res := e.Handle(ctx, batch(x[1])); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+				t.Fatalf("second TED with %s of the wrong type: %+v, want WRONGTYPE", broken, res[0])
+			}
+			if err := rdb.Del(ctx, broken).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if saved != "" {
+				if err := rdb.Restore(ctx, broken, 0, saved).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if res := e.Handle(ctx, batch(x[1])); res[0].Err != nil {
+				t.Fatalf("second TED once %s is fixed: %v", broken, res[0].Err)
+			}
+			if n, err := rdb.ZCard(ctx, keys.Window("ana")).Result(); err != nil || n != 2 {
+				t.Errorf("ana's window holds %d transfers (%v), want 2: the failed attempt left part of its effect", n, err)
+			}
+			if n, err := rdb.HLen(ctx, keys.WindowEntries("ana")).Result(); err != nil || n != 3 {
+				t.Errorf("ana's window entries: %d fields (%v), want 2 and the counter", n, err)
+			}
+			if tc.name == "stats" || tc.name == "day totals" {
+				return // restored without the failed attempt's counts, if it made any
+			}
+			rep, err := ReadReport(ctx, rdb.Client, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Verdicts != 2 || rep.Accounts["ana"].Transfers != 2 {
+				t.Errorf("report %+v, want 2 verdicts and 2 transfers of ana", rep)
+			}
+		})
 	}
 }

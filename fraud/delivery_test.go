@@ -205,9 +205,9 @@ func TestPoisonEntriesAreDeadLettered(t *testing.T) {
 }
 
 // An effect that fails for a reason that is not the entry's (here a key in
-// the way of the alerts stream: every effect fails) is retried however often
-// it is delivered, never dead-lettered nor half-applied, and applied once
-// the fault clears.
+// the way of the alerts stream, and every TED over the amount limit: every
+// effect fails) is retried however often it is delivered, never
+// dead-lettered nor half-applied, and applied once the fault clears.
 func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	d := newDeliveries(t)
 	d.publish(5)
@@ -217,6 +217,7 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	}
 	d.run("c1", func(c *Config) {
 		c.MaxDeliveries, c.ClaimMinIdle, c.ClaimInterval = 2, 20*time.Millisecond, 20*time.Millisecond
+		c.AmountLimitCents = 99
 	})
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		pend := d.pending()

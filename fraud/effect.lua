@@ -76,20 +76,6 @@ local function apply()
     return {0, 0}
   end
 
-  -- Keys written after the first non-idempotent write must not fail mid-script
-  -- (a wrong type would leave half an effect behind): check them first.
-  local audit = tonumber(ARGV[20])
-  local typed = {{KEYS[3], 'hash'}, {KEYS[7], 'hash'}, {KEYS[8], 'stream'}, {KEYS[13], 'hash'}}
-  if audit > 0 then
-    table.insert(typed, {KEYS[11], 'stream'})
-  end
-  for _, k in ipairs(typed) do
-    local t = redis.call('TYPE', k[1]).ok
-    if t ~= 'none' and t ~= k[2] then
-      return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
-    end
-  end
-
   local amount = tonumber(ARGV[5])
   local at = tonumber(ARGV[6])
   local window = tonumber(ARGV[7])
@@ -139,8 +125,6 @@ local function apply()
     convert()
     last = redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')
   end
-  -- The window's total over (lo, hi], from the running sums of its first
-  -- and last transfers there.
   -- The window's newest transfer: where an in-order arrival goes, and
   -- the last transfer of its window.
   local lastEntry
@@ -150,8 +134,24 @@ local function apply()
       error('window entry ' .. last[1] .. ' of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
     end
   end
+  -- And its oldest (the first of the window of an in-order arrival, as a
+  -- rule, and what the trim below looks at).
+  local head = {}
+  if #last > 0 then
+    head = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  end
+  -- The window's total over (lo, hi], from the running sums of its first
+  -- and last transfers there.
   local function total(lo, hi)
-    local first = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lo, hi, 'LIMIT', 0, 1)
+    local first
+    if #head > 0 and tonumber(head[2]) > lo then
+      if tonumber(head[2]) > hi then
+        return 0
+      end
+      first = head
+    else
+      first = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lo, hi, 'LIMIT', 0, 1)
+    end
     if #first == 0 then
       return 0
     end
@@ -159,7 +159,10 @@ local function apply()
     if tonumber(last[2]) > hi then
       l = entry(redis.call('ZREVRANGEBYSCORE', KEYS[6], hi, '(' .. lo, 'LIMIT', 0, 1)[1])
     end
-    local f = entry(first[1])
+    local f = lastEntry
+    if first[1] ~= last[1] then
+      f = entry(first[1])
+    end
     if not f or not l then
       error('window entries of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
     end
@@ -193,10 +196,9 @@ local function apply()
     end
     cumBefore = e.cum
   elseif #last > 0 and tonumber(last[2]) > at then
-    local firstAll = redis.call('ZRANGE', KEYS[6], 0, 0)
-    local e = entry(firstAll[1])
+    local e = entry(head[1])
     if not e then
-      error('window entry ' .. firstAll[1] .. ' of sender ' .. ARGV[4] .. ' missing')
+      error('window entry ' .. head[1] .. ' of sender ' .. ARGV[4] .. ' missing')
     end
     cumBefore = e.cum - e.amount
   end
@@ -224,6 +226,33 @@ local function apply()
       if ltotal > limit then
         table.insert(pushed, {later[i], ltotal})
       end
+    end
+  end
+
+  -- Keys written after the first non-idempotent write (the window's
+  -- arrival counter) must not fail mid-script: a wrong type would leave
+  -- half an effect behind. Check those this event writes, before any
+  -- write. The window and the approved set when read already failed on a
+  -- wrong type; the entries hash needs no check: the counter is its first
+  -- write, and a write that fails there leaves only idempotent ones.
+  local audit = tonumber(ARGV[20])
+  local typed = {{KEYS[7], 'hash'}}
+  if expireAt > 0 then
+    table.insert(typed, {KEYS[3], 'hash'})
+  end
+  if verdict == 'approve' then
+    table.insert(typed, {KEYS[10], 'zset'})
+  end
+  if verdict == 'review' or #ties > 0 or #pushed > 0 then
+    table.insert(typed, {KEYS[8], 'stream'})
+  end
+  if audit > 0 then
+    table.insert(typed, {KEYS[11], 'stream'})
+  end
+  for _, k in ipairs(typed) do
+    local t = redis.call('TYPE', k[1]).ok
+    if t ~= 'none' and t ~= k[2] then
+      return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
     end
   end
 
@@ -259,8 +288,11 @@ local function apply()
   if #last > 0 then
     newest = math.max(newest, tonumber(last[2]))
   end
-  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  if tonumber(oldest[2]) < newest - 2 * window then
+  local oldest = at
+  if #head > 0 then
+    oldest = math.min(oldest, tonumber(head[2]))
+  end
+  if oldest < newest - 2 * window then
     local cutoff = '(' .. (newest - 2 * window)
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
       redis.call('HDEL', KEYS[13], m)
