@@ -229,6 +229,16 @@ local function apply()
     end
   end
 
+  local newest = at
+  if #last > 0 then
+    newest = math.max(newest, tonumber(last[2]))
+  end
+  local oldest = at
+  if #head > 0 then
+    oldest = math.min(oldest, tonumber(head[2]))
+  end
+  local trim = oldest < newest - 2 * window -- below, after the window's writes
+
   -- Keys written after the first non-idempotent write (the window's
   -- arrival counter) must not fail mid-script: a wrong type would leave
   -- half an effect behind. Check those this event writes, before any
@@ -240,7 +250,7 @@ local function apply()
   if expireAt > 0 then
     table.insert(typed, {KEYS[3], 'hash'})
   end
-  if verdict == 'approve' then
+  if verdict == 'approve' or trim then
     table.insert(typed, {KEYS[10], 'zset'})
   end
   if verdict == 'review' or #ties > 0 or #pushed > 0 then
@@ -284,15 +294,7 @@ local function apply()
   end
   -- Forget transfers older than the newest one seen minus two windows: events
   -- of one sender can arrive up to a window late and still be judged right.
-  local newest = at
-  if #last > 0 then
-    newest = math.max(newest, tonumber(last[2]))
-  end
-  local oldest = at
-  if #head > 0 then
-    oldest = math.min(oldest, tonumber(head[2]))
-  end
-  if oldest < newest - 2 * window then
+  if trim then
     local cutoff = '(' .. (newest - 2 * window)
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
       redis.call('HDEL', KEYS[13], m)
