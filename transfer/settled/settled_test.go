@@ -51,3 +51,18 @@ func TestCurrencies(t *testing.T) {
 		t.Fatal("Currencies returned its own slice")
 	}
 }
+
+// BenchmarkDecode: a consumer decodes every event it applies (go test -bench
+// Decode ./transfer/settled).
+func BenchmarkDecode(b *testing.B) {
+	p, err := json.Marshal(settled.Payload{SchemaVersion: settled.Version, EventID: uuid.New(), TransferID: uuid.New(),
+		FromAccount: "acct-001", ToAccount: "acct-002", AmountCents: 12_345, Currency: "BRL", SettledAt: time.Now().UTC()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := settled.Decode(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
