@@ -482,3 +482,63 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 		})
 	}
 }
+
+// A transfer that sends an earlier-arrived one to review reads that one's
+// verdict before it writes anything: a verdict key of the wrong type fails
+// the event whole, and once fixed the event applies once and revises it.
+func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
+	ctx := context.Background()
+	rdb := outboxtest.NewRedis(t)
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", WindowLimitCents: 150}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	keys := Keys{Prefix: cfg.KeyPrefix}
+	at := time.Now().UTC()
+	first := publish(t, rdb, cfg.Stream, "ana", 100, at)
+	publish(t, rdb, cfg.Stream, "ana", 100, at) // the same instant: 200 over 150, both to review
+	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
+	if err != nil || len(x) != 2 {
+		t.Fatalf("entries %v (%v)", x, err)
+	}
+	batch := func(entry redis.XMessage) consumer.Batch {
+		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}}
+	}
+	if res := e.Handle(ctx, batch(x[0])); res[0].Err != nil || res[0].Outcome != "approve" {
+		t.Fatalf("first TED: %+v, want approve", res[0])
+	}
+	verdict := keys.Verdict(first.String())
+	if err := rdb.Del(ctx, verdict).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, verdict, "not", "a string").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.Handle(ctx, batch(x[1])); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+		t.Fatalf("second TED with the first's verdict of the wrong type: %+v, want WRONGTYPE", res[0])
+	}
+	if err := rdb.Del(ctx, verdict).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, verdict, "approve", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res := e.Handle(ctx, batch(x[1])); res[0].Err != nil || res[0].Outcome != "review" {
+		t.Fatalf("second TED once fixed: %+v, want review", res[0])
+	}
+	if n, err := rdb.ZCard(ctx, keys.Window("ana")).Result(); err != nil || n != 2 {
+		t.Errorf("ana's window holds %d transfers (%v), want 2: the failed attempt left part of its effect", n, err)
+	}
+	if v, err := rdb.Get(ctx, verdict).Result(); err != nil || v != "review" {
+		t.Errorf("first TED's verdict %q (%v), want review (revised)", v, err)
+	}
+	rep, err := ReadReport(ctx, rdb.Client, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verdicts != 2 || rep.Reviews != 2 {
+		t.Errorf("report %+v, want 2 verdicts, 2 reviews", rep)
+	}
+}

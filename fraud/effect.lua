@@ -228,6 +228,23 @@ local function apply()
       end
     end
   end
+  -- What revising them takes, read now (a verdict key of the wrong type
+  -- fails here, not after the writes): their entries and current verdicts.
+  local revisions = {}
+  local function toRevise(lnum, ltotal)
+    local e = entry(lnum)
+    local current
+    if e then
+      current = redis.call('GET', ARGV[18] .. e.transfer)
+    end
+    table.insert(revisions, {num = lnum, total = ltotal, e = e, current = current})
+  end
+  for _, m in ipairs(ties) do
+    toRevise(m, windowTotal)
+  end
+  for _, p in ipairs(pushed) do
+    toRevise(p[1], p[2])
+  end
 
   local newest = at
   if #last > 0 then
@@ -253,7 +270,7 @@ local function apply()
   if verdict == 'approve' or trim then
     table.insert(typed, {KEYS[10], 'zset'})
   end
-  if verdict == 'review' or #ties > 0 or #pushed > 0 then
+  if verdict == 'review' or #revisions > 0 then
     table.insert(typed, {KEYS[8], 'stream'})
   end
   if audit > 0 then
@@ -342,28 +359,18 @@ local function apply()
   -- Transfers this one pushes over the limit go to review (and leave the
   -- approved set: they can change no more).
   local revised = 0
-  local function revise(lnum, ltotal)
-    local e = entry(lnum)
-    redis.call('ZREM', KEYS[10], lnum)
-    if not e then
-      return
-    end
-    local vkey = ARGV[18] .. e.transfer
-    if redis.call('GET', vkey) == 'approve' then
-      redis.call('SET', vkey, 'review', 'KEEPTTL')
+  for _, r in ipairs(revisions) do
+    redis.call('ZREM', KEYS[10], r.num)
+    if r.current == 'approve' then
+      local e = r.e
+      redis.call('SET', ARGV[18] .. e.transfer, 'review', 'KEEPTTL')
       redis.call('HINCRBY', KEYS[7], 'reviews', 1)
       redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
         'event_id', e.event, 'transfer_id', e.transfer, 'from_account', ARGV[4],
-        'amount_cents', string.format('%d', e.amount), 'window_total_cents', string.format('%d', ltotal),
+        'amount_cents', string.format('%d', e.amount), 'window_total_cents', string.format('%d', r.total),
         'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
       revised = revised + 1
     end
-  end
-  for _, m in ipairs(ties) do
-    revise(m, windowTotal)
-  end
-  for _, p in ipairs(pushed) do
-    revise(p[1], p[2])
   end
   redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
   if verdict == 'review' then
