@@ -420,18 +420,8 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 			keys := Keys{Prefix: cfg.KeyPrefix}
 			publish(t, rdb, cfg.Stream, "ana", 100, now.Add(-tc.ago)) // a window to join
 			publish(t, rdb, cfg.Stream, "ana", tc.cents, now)
-			x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
-			if err != nil || len(x) != 2 {
-				t.Fatalf("entries %v (%v)", x, err)
-			}
-			batch := func(entry redis.XMessage) consumer.Batch {
-				m, err := consumer.DecodeEntry(entry.ID, entry.Values)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}}
-			}
-			if res := e.Handle(ctx, batch(x[0])); res[0].Err != nil {
+			batches := entryBatches(t, rdb, cfg, 2)
+			if res := e.Handle(ctx, batches[0]); res[0].Err != nil {
 				t.Fatalf("first TED: %v", res[0].Err)
 			}
 			broken := tc.key(keys)
@@ -445,7 +435,7 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 			if err := rdb.Set(ctx, broken, "not a "+tc.name, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if res := e.Handle(ctx, batch(x[1])); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+			if res := e.Handle(ctx, batches[1]); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
 				t.Fatalf("second TED with %s of the wrong type: %+v, want WRONGTYPE", broken, res[0])
 			}
 			if err := rdb.Del(ctx, broken).Err(); err != nil {
@@ -456,7 +446,7 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if res := e.Handle(ctx, batch(x[1])); res[0].Err != nil {
+			if res := e.Handle(ctx, batches[1]); res[0].Err != nil {
 				t.Fatalf("second TED once %s is fixed: %v", broken, res[0].Err)
 			}
 			want := int64(2)
@@ -495,18 +485,8 @@ func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	at := time.Now().UTC()
 	first := publish(t, rdb, cfg.Stream, "ana", 100, at)
 	publish(t, rdb, cfg.Stream, "ana", 100, at) // the same instant: 200 over 150, both to review
-	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
-	if err != nil || len(x) != 2 {
-		t.Fatalf("entries %v (%v)", x, err)
-	}
-	batch := func(entry redis.XMessage) consumer.Batch {
-		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}}
-	}
-	if res := e.Handle(ctx, batch(x[0])); res[0].Err != nil || res[0].Outcome != "approve" {
+	batches := entryBatches(t, rdb, cfg, 2)
+	if res := e.Handle(ctx, batches[0]); res[0].Err != nil || res[0].Outcome != "approve" {
 		t.Fatalf("first TED: %+v, want approve", res[0])
 	}
 	verdict := keys.Verdict(first.String())
@@ -516,7 +496,7 @@ func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	if err := rdb.HSet(ctx, verdict, "not", "a string").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Handle(ctx, batch(x[1])); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+	if res := e.Handle(ctx, batches[1]); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
 		t.Fatalf("second TED with the first's verdict of the wrong type: %+v, want WRONGTYPE", res[0])
 	}
 	if err := rdb.Del(ctx, verdict).Err(); err != nil {
@@ -525,7 +505,7 @@ func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	if err := rdb.Set(ctx, verdict, "approve", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if res := e.Handle(ctx, batch(x[1])); res[0].Err != nil || res[0].Outcome != "review" {
+	if res := e.Handle(ctx, batches[1]); res[0].Err != nil || res[0].Outcome != "review" {
 		t.Fatalf("second TED once fixed: %+v, want review", res[0])
 	}
 	if n, err := rdb.ZCard(ctx, keys.Window("ana")).Result(); err != nil || n != 2 {
@@ -541,4 +521,23 @@ func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	if rep.Verdicts != 2 || rep.Reviews != 2 {
 		t.Errorf("report %+v, want 2 verdicts, 2 reviews", rep)
 	}
+}
+
+// entryBatches returns a batch of one message for each of the n entries of
+// cfg's stream, in order, as the consumer hands them to the effect.
+func entryBatches(t *testing.T, rdb outboxtest.Redis, cfg Config, n int) []consumer.Batch {
+	t.Helper()
+	x, err := rdb.XRange(context.Background(), cfg.Stream, "-", "+").Result()
+	if err != nil || len(x) != n {
+		t.Fatalf("entries %v (%v), want %d", x, err, n)
+	}
+	var out []consumer.Batch
+	for _, entry := range x {
+		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}})
+	}
+	return out
 }
