@@ -121,6 +121,13 @@ func (p *Proxy) serve(c net.Conn) {
 	}
 	l := &link{client: c, server: s, frozen: make(chan struct{})}
 	p.mu.Lock()
+	if p.down || p.closed {
+		// Down (or Close) ran while this connection was being set up: it
+		// did not see the link, which would outlive the outage.
+		p.mu.Unlock()
+		l.close()
+		return
+	}
 	p.conns[l] = struct{}{}
 	p.mu.Unlock()
 	var wg sync.WaitGroup

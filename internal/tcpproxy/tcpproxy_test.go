@@ -92,3 +92,22 @@ func TestProxyForwardsCutsAndFreezes(t *testing.T) {
 		t.Fatalf("new connection after Freeze: %v", err)
 	}
 }
+
+// A connection accepted just before Down, and still being set up when it
+// ran, is closed too: Down did not see its link, which would have carried
+// traffic through the whole outage (a relay test's database outage missed
+// one of the relay's connections now and then).
+func TestConnectionSetUpDuringDownIsClosed(t *testing.T) {
+	p, err := Start(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	client, accepted := net.Pipe()
+	t.Cleanup(func() { _ = client.Close() })
+	p.Down() // after accept() let the connection through, before serve() registered it
+	go p.serve(accepted)
+	if err := roundTrip(client, 2*time.Second); err == nil {
+		t.Fatal("a connection set up while the proxy went down still reaches the server")
+	}
+}
