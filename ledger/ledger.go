@@ -14,7 +14,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -39,21 +41,59 @@ type Handler struct{}
 // HandleTx posts m's double entry through tx. An event that is not a valid
 // transfer.settled can never be posted: its error wraps consumer.ErrInvalid.
 func (Handler) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
-	if m.Type != settled.Type {
-		return consumer.Invalid("event type %q: the ledger posts %s events only", m.Type, settled.Type)
-	}
-	p, err := settled.Decode(m.Payload)
+	p, err := decode(m)
 	if err != nil {
-		return fmt.Errorf("%w: %w", consumer.ErrInvalid, err)
-	}
-	if p.EventID != m.ID {
-		return consumer.Invalid("payload event_id %s differs from the entry's %s", p.EventID, m.ID)
+		return err
 	}
 	st := queries.LedgerPost(p.TransferID, p.EventID, p.FromAccount, p.ToAccount, p.AmountCents, p.Currency, p.SettledAt)
 	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
 		return fmt.Errorf("post transfer %s: %w", p.TransferID, err)
 	}
 	return nil
+}
+
+// HandleBatchTx posts the double entries of msgs through tx in one
+// statement (inbox.BatchHandler): the same rows as HandleTx for each, in
+// order. One invalid event fails them all (the inbox then posts them one
+// by one, and that one is dead-lettered).
+func (Handler) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error {
+	n := len(msgs)
+	var (
+		transfers, events = make([]uuid.UUID, n), make([]uuid.UUID, n)
+		from, to          = make([]string, n), make([]string, n)
+		amounts           = make([]int64, n)
+		currencies        = make([]string, n)
+		settledAt         = make([]time.Time, n)
+	)
+	for i, m := range msgs {
+		p, err := decode(m)
+		if err != nil {
+			return fmt.Errorf("event %s: %w", m.ID, err)
+		}
+		transfers[i], events[i], from[i], to[i] = p.TransferID, p.EventID, p.FromAccount, p.ToAccount
+		amounts[i], currencies[i], settledAt[i] = p.AmountCents, p.Currency, p.SettledAt
+	}
+	st := queries.LedgerPostBatch(transfers, events, from, to, amounts, currencies, settledAt)
+	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
+		return fmt.Errorf("post %d transfers: %w", n, err)
+	}
+	return nil
+}
+
+// decode reads m's transfer.settled payload; an error wraps
+// consumer.ErrInvalid.
+func decode(m consumer.Message) (settled.Payload, error) {
+	if m.Type != settled.Type {
+		return settled.Payload{}, consumer.Invalid("event type %q: the ledger posts %s events only", m.Type, settled.Type)
+	}
+	p, err := settled.Decode(m.Payload)
+	if err != nil {
+		return settled.Payload{}, fmt.Errorf("%w: %w", consumer.ErrInvalid, err)
+	}
+	if p.EventID != m.ID {
+		return settled.Payload{}, consumer.Invalid("payload event_id %s differs from the entry's %s", p.EventID, m.ID)
+	}
+	return p, nil
 }
 
 // Migrate creates or updates the ledger's tables and the inbox's in db, the

@@ -59,6 +59,18 @@ type Handler interface {
 	HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error
 }
 
+// BatchHandler is a Handler that can apply several messages at once: the
+// inbox calls HandleBatchTx with the messages of a batch that are new (not
+// yet in the inbox), in order, instead of HandleTx for each, so that their
+// writes can share round trips (the ledger posts a batch in one INSERT). An
+// error rolls the whole transaction back; the inbox then applies the
+// batch's messages one by one (HandleTx), so that one invalid or failing
+// message does not hold back the others' keys.
+type BatchHandler interface {
+	Handler
+	HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error
+}
+
 // HandlerFunc is a Handler made of a function.
 type HandlerFunc func(ctx context.Context, tx pgx.Tx, m consumer.Message) error
 
@@ -226,16 +238,26 @@ func (in *Inbox) apply(ctx context.Context, b consumer.Batch, epoch int64, msgs 
 			consumer.ErrFenced, b.Partition, b.Group, epoch)
 	}
 	failpoint.Inject("inbox.after-insert")
+	var apply []consumer.Message
 	for i, m := range msgs {
 		if !fresh[m.ID] {
 			res[i].Outcome = consumer.Duplicate
 			continue
 		}
 		delete(fresh, m.ID) // the same event twice in one batch: the second is a duplicate
-		if err := in.h.HandleTx(ctx, tx, m); err != nil {
-			return fmt.Errorf("handle event %s: %w", m.ID, err)
-		}
+		apply = append(apply, m)
 		res[i].Outcome = consumer.Applied
+	}
+	if bh, ok := in.h.(BatchHandler); ok && len(apply) > 1 {
+		if err := bh.HandleBatchTx(ctx, tx, apply); err != nil {
+			return fmt.Errorf("handle %d events: %w", len(apply), err)
+		}
+	} else {
+		for _, m := range apply {
+			if err := in.h.HandleTx(ctx, tx, m); err != nil {
+				return fmt.Errorf("handle event %s: %w", m.ID, err)
+			}
+		}
 	}
 	failpoint.Inject("inbox.before-commit")
 	if err := tx.Commit(ctx); err != nil {

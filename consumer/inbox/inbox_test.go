@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tedbank/outbox/internal/consumertest"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +15,7 @@ import (
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
@@ -296,5 +297,89 @@ func TestRetentionMustOutliveRedelivery(t *testing.T) {
 	}
 	if _, err := consumer.New(e.rdb.Client, in, consumer.Config{Name: "things", Stream: e.stream, RelayRedelivery: 10 * time.Minute}); err != nil {
 		t.Fatalf("with relays that redeliver within 10 minutes: %v", err)
+	}
+}
+
+// batchRecord is record as an inbox.BatchHandler: a batch's new messages in
+// one INSERT, failing as a whole when one of them would fail. It keeps the
+// sizes of the batches it was given.
+type batchRecord struct {
+	inbox.Handler
+	fail  map[string]error
+	sizes *[]int
+}
+
+func (b batchRecord) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error {
+	*b.sizes = append(*b.sizes, len(msgs))
+	ids, aggs := make([]uuid.UUID, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		if err := b.fail[m.AggregateID]; err != nil {
+			return err
+		}
+		ids[i], aggs[i] = m.ID, m.AggregateID
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, aggregate_id) SELECT * FROM unnest($1::uuid[], $2::text[])`, ids, aggs)
+	return err
+}
+
+func newBatchRecord(fail map[string]error) batchRecord {
+	return batchRecord{Handler: record(fail), fail: fail, sizes: new([]int)}
+}
+
+// A BatchHandler gets a batch's new messages in one call: the inbox's
+// duplicates (a redelivery, or the same event twice in the batch) left out.
+func TestBatchHandlerGetsTheNewMessagesInOneCall(t *testing.T) {
+	e := newEnv(t)
+	ids := e.publish("a", "b")
+	c := e.consumer(record(nil), nil)
+	if _, err := consumertest.ReadNew(e.ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	e.xadd(ids[0], "a") // applied before
+	more := e.publish("c", "d")
+	e.xadd(more[0], "c") // twice in the batch
+	h := newBatchRecord(nil)
+	c = e.consumer(h, nil)
+	if _, err := consumertest.ReadNew(e.ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(*h.sizes, []int{2}) {
+		t.Fatalf("HandleBatchTx calls of %v messages, want one of 2 (c and d)", *h.sizes)
+	}
+	got := e.effects()
+	for _, id := range append(ids, more...) {
+		if got[id] != 1 {
+			t.Fatalf("effects %v: want each event once", got)
+		}
+	}
+	if n := e.pending(); n != 0 {
+		t.Fatalf("%d pending, want none", n)
+	}
+}
+
+// A batch that fails in a BatchHandler is applied one message at a time:
+// the others are applied, the failing ones stay pending (and the invalid
+// one is dead-lettered at its last delivery), as with a Handler.
+func TestBatchHandlerFailureFallsBackToOneByOne(t *testing.T) {
+	e := newEnv(t)
+	ids := e.publish("a", "broken", "b", "flaky", "c")
+	fail := map[string]error{
+		"broken": consumer.Invalid("no such thing"),
+		"flaky":  errors.New("store busy"),
+	}
+	h := newBatchRecord(fail)
+	c := e.consumer(h, nil)
+	if _, err := consumertest.ReadNew(e.ctx, c); err == nil {
+		t.Fatal("ReadNew: no error for the flaky message")
+	}
+	got := e.effects()
+	if got[ids[0]] != 1 || got[ids[2]] != 1 || got[ids[4]] != 1 || got[ids[1]] != 0 || got[ids[3]] != 0 {
+		t.Fatalf("effects %v: want a, b and c applied once, broken and flaky not", got)
+	}
+	if !slices.Equal(*h.sizes, []int{5}) {
+		t.Fatalf("HandleBatchTx calls of %v messages, want one of 5, then one by one through HandleTx", *h.sizes)
+	}
+	if n := e.pending(); n != 2 {
+		t.Fatalf("%d pending, want the 2 failed ones", n)
 	}
 }

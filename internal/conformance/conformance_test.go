@@ -280,7 +280,7 @@ func (r *run) newConsumer(rdb redis.Cmdable, name string, p int) runner {
 			c, err = fraud.New(rdb, cfg)
 		}
 	case "inbox":
-		in, ierr := inbox.New(r.pool, inbox.HandlerFunc(r.applyTx), inbox.Config{})
+		in, ierr := inbox.New(r.pool, batchEffect{r}, inbox.Config{})
 		if ierr != nil {
 			r.t.Fatal(ierr)
 		}
@@ -314,6 +314,38 @@ func (r *run) applyTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error 
 		return err
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO conf_effects (event_id, sender) VALUES ($1, $2)`, ev.EventID, ev.FromAccount)
+	return err
+}
+
+// batchEffect is the inbox's effect as an inbox.BatchHandler: a batch's
+// new messages in three statements (as the ledger posts them), and each
+// message alone (applyTx) when the inbox falls back to one by one after a
+// batch failed, or for a batch of one.
+type batchEffect struct{ r *run }
+
+func (b batchEffect) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
+	return b.r.applyTx(ctx, tx, m)
+}
+
+func (batchEffect) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error {
+	ids, senders, to := make([]uuid.UUID, len(msgs)), make([]string, len(msgs)), make([]string, len(msgs))
+	for i, m := range msgs {
+		ev, err := settled.Decode(m.Payload)
+		if err != nil {
+			return consumer.Invalid("%v", err)
+		}
+		ids[i], senders[i], to[i] = ev.EventID, ev.FromAccount, ev.ToAccount
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '200ms'`); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO conf_balances (account, n)
+		SELECT account, count(*) FROM unnest($1::text[]) AS a(account) GROUP BY account ORDER BY account
+		ON CONFLICT (account) DO UPDATE SET n = conf_balances.n + excluded.n`, to); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO conf_effects (event_id, sender)
+		SELECT event_id, sender FROM unnest($1::uuid[], $2::text[]) WITH ORDINALITY AS e(event_id, sender, n) ORDER BY n`, ids, senders)
 	return err
 }
 
