@@ -172,21 +172,34 @@ func TestDuplicateInOneBatch(t *testing.T) {
 // applied (each in a transaction of its own) and acknowledged; it stays
 // pending, and one that can never be applied (consumer.ErrInvalid) moves to
 // the dead-letter stream at its last delivery, with no effect and no inbox
-// row.
+// row. A BatchHandler's batch fails as a whole, once, and its messages are
+// then applied one by one the same way.
 func TestFailingMessagesDoNotHoldTheBatchBack(t *testing.T) {
+	t.Run("Handler", func(t *testing.T) { testFailingMessages(t, false) })
+	t.Run("BatchHandler", func(t *testing.T) { testFailingMessages(t, true) })
+}
+
+func testFailingMessages(t *testing.T, batched bool) {
 	e := newEnv(t)
 	ids := e.publish("a", "broken", "b", "flaky", "c")
 	fail := map[string]error{
 		"broken": consumer.Invalid("no such thing"),
 		"flaky":  errors.New("store busy"),
 	}
-	c := e.consumer(record(fail), func(cfg *consumer.Config) { cfg.ClaimMinIdle = time.Millisecond })
+	h, bh := record(fail), newBatchRecord(fail)
+	if batched {
+		h = bh
+	}
+	c := e.consumer(h, func(cfg *consumer.Config) { cfg.ClaimMinIdle = time.Millisecond })
 	if _, err := consumertest.ReadNew(e.ctx, c); err == nil {
 		t.Fatal("ReadNew: no error for the flaky message")
 	}
 	got := e.effects()
 	if got[ids[0]] != 1 || got[ids[2]] != 1 || got[ids[4]] != 1 || got[ids[1]] != 0 || got[ids[3]] != 0 {
 		t.Fatalf("effects %v: want a, b and c applied once, broken and flaky not", got)
+	}
+	if want := []int{5}; batched && !slices.Equal(*bh.sizes, want) {
+		t.Fatalf("HandleBatchTx calls of %v messages, want one of 5, then one by one through HandleTx", *bh.sizes)
 	}
 	if n := e.pending(); n != 2 {
 		t.Fatalf("%d pending, want the 2 failed ones", n)
@@ -354,32 +367,5 @@ func TestBatchHandlerGetsTheNewMessagesInOneCall(t *testing.T) {
 	}
 	if n := e.pending(); n != 0 {
 		t.Fatalf("%d pending, want none", n)
-	}
-}
-
-// A batch that fails in a BatchHandler is applied one message at a time:
-// the others are applied, the failing ones stay pending (and the invalid
-// one is dead-lettered at its last delivery), as with a Handler.
-func TestBatchHandlerFailureFallsBackToOneByOne(t *testing.T) {
-	e := newEnv(t)
-	ids := e.publish("a", "broken", "b", "flaky", "c")
-	fail := map[string]error{
-		"broken": consumer.Invalid("no such thing"),
-		"flaky":  errors.New("store busy"),
-	}
-	h := newBatchRecord(fail)
-	c := e.consumer(h, nil)
-	if _, err := consumertest.ReadNew(e.ctx, c); err == nil {
-		t.Fatal("ReadNew: no error for the flaky message")
-	}
-	got := e.effects()
-	if got[ids[0]] != 1 || got[ids[2]] != 1 || got[ids[4]] != 1 || got[ids[1]] != 0 || got[ids[3]] != 0 {
-		t.Fatalf("effects %v: want a, b and c applied once, broken and flaky not", got)
-	}
-	if !slices.Equal(*h.sizes, []int{5}) {
-		t.Fatalf("HandleBatchTx calls of %v messages, want one of 5, then one by one through HandleTx", *h.sizes)
-	}
-	if n := e.pending(); n != 2 {
-		t.Fatalf("%d pending, want the 2 failed ones", n)
 	}
 }
