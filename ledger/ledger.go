@@ -40,22 +40,14 @@ type Handler struct{}
 
 // HandleTx posts m's double entry through tx. An event that is not a valid
 // transfer.settled can never be posted: its error wraps consumer.ErrInvalid.
-func (Handler) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
-	p, err := decode(m)
-	if err != nil {
-		return err
-	}
-	st := queries.LedgerPost(p.TransferID, p.EventID, p.FromAccount, p.ToAccount, p.AmountCents, p.Currency, p.SettledAt)
-	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
-		return fmt.Errorf("post transfer %s: %w", p.TransferID, err)
-	}
-	return nil
+func (h Handler) HandleTx(ctx context.Context, tx pgx.Tx, m consumer.Message) error {
+	return h.HandleBatchTx(ctx, tx, []consumer.Message{m})
 }
 
 // HandleBatchTx posts the double entries of msgs through tx in one
-// statement (inbox.BatchHandler): the same rows as HandleTx for each, in
-// order. One invalid event fails them all (the inbox then posts them one
-// by one, and that one is dead-lettered).
+// statement (inbox.BatchHandler), in order. One invalid event fails them
+// all (the inbox then posts them one by one, and that one is
+// dead-lettered).
 func (Handler) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Message) error {
 	n := len(msgs)
 	var (
@@ -73,9 +65,9 @@ func (Handler) HandleBatchTx(ctx context.Context, tx pgx.Tx, msgs []consumer.Mes
 		transfers[i], events[i], from[i], to[i] = p.TransferID, p.EventID, p.FromAccount, p.ToAccount
 		amounts[i], currencies[i], settledAt[i] = p.AmountCents, p.Currency, p.SettledAt
 	}
-	st := queries.LedgerPostBatch(transfers, events, from, to, amounts, currencies, settledAt)
+	st := queries.LedgerPost(transfers, events, from, to, amounts, currencies, settledAt)
 	if _, err := tx.Exec(ctx, st.SQL, st.Args...); err != nil {
-		return fmt.Errorf("post %d transfers: %w", n, err)
+		return fmt.Errorf("post %d transfers (the first %s): %w", n, transfers[0], err)
 	}
 	return nil
 }

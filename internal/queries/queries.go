@@ -39,8 +39,7 @@ var (
 	inboxFence               = prepare("inbox_fence", "consumer_group", "partition", "epoch")
 	inboxInsert              = prepare("inbox_insert", "consumer_group", "event_ids")
 	ledgerBalances           = prepare("ledger_balances")
-	ledgerPost               = prepare("ledger_post", "transfer_id", "event_id", "from_account", "to_account", "amount_cents", "currency", "settled_at")
-	ledgerPostBatch          = prepare("ledger_post_batch", "transfer_ids", "event_ids", "from_accounts", "to_accounts", "amount_cents", "currencies", "settled_ats")
+	ledgerPost               = prepare("ledger_post", "transfer_ids", "event_ids", "from_accounts", "to_accounts", "amount_cents", "currencies", "settled_ats")
 	ledgerPostings           = prepare("ledger_postings", "transfer_ids")
 	metricsOutbox            = prepare("metrics_outbox")
 	outboxInsert             = prepare("outbox_insert", "ids", "aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "partition_keys")
@@ -125,13 +124,8 @@ func LedgerBalances() Statement {
 }
 
 // LedgerPost is queries/ledger_post.sql.
-func LedgerPost(transferID uuid.UUID, eventID uuid.UUID, fromAccount string, toAccount string, amountCents int64, currency string, settledAt time.Time) Statement {
-	return ledgerPost.with(transferID, eventID, fromAccount, toAccount, amountCents, currency, settledAt)
-}
-
-// LedgerPostBatch is queries/ledger_post_batch.sql.
-func LedgerPostBatch(transferIDs []uuid.UUID, eventIDs []uuid.UUID, fromAccounts []string, toAccounts []string, amountCents []int64, currencies []string, settledAts []time.Time) Statement {
-	return ledgerPostBatch.with(transferIDs, eventIDs, fromAccounts, toAccounts, amountCents, currencies, settledAts)
+func LedgerPost(transferIDs []uuid.UUID, eventIDs []uuid.UUID, fromAccounts []string, toAccounts []string, amountCents []int64, currencies []string, settledAts []time.Time) Statement {
+	return ledgerPost.with(transferIDs, eventIDs, fromAccounts, toAccounts, amountCents, currencies, settledAts)
 }
 
 // LedgerPostings is queries/ledger_postings.sql.
