@@ -153,7 +153,7 @@ type wakeup struct {
 //
 // A wake-up usually finds one small batch; saying "busy" and "asleep"
 // around it would cost two statements and buy nothing. Writers are told to
-// stop notifying only once a second claim in a row finds busyMinRows rows
+// stop notifying only once a second claim in a row finds Config.BusyRows rows
 // (or a full batch): the relay is then draining a stream of commits.
 func (r *Relay) newWakeup(polled bool) *wakeup {
 	w := &wakeup{r: r}
@@ -210,7 +210,7 @@ func (w *wakeup) published(ctx context.Context, res BatchResult) {
 	w.lingered = 0
 	// "Busy" is said only with a LISTEN backend to say it as: the other
 	// relays take it back if that backend goes.
-	if w.nonEmpty++; r.state != saidBusy && w.nonEmpty >= 2 && res.Claimed >= min(busyMinRows, r.cfg.BatchSize) &&
+	if w.nonEmpty++; r.state != saidBusy && w.nonEmpty >= 2 && res.Claimed >= min(r.cfg.BusyRows, r.cfg.BatchSize) &&
 		r.listenPID.Load() != 0 {
 		w.op = flagBusy
 	}
@@ -236,7 +236,7 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 
 // A relay that told writers it is busy claims up to busyLingerClaims more
 // times, busyLingerStep apart, before it goes back to sleep. It tells them
-// so only when a claim after the first of a drain finds busyMinRows rows (or
+// so only when a claim after the first of a drain finds BusyRows rows (or
 // a full batch): several commits per round trip, a rate at which their
 // NOTIFYs cost the writers more than waking the relay saves. Below it each
 // commit wakes the relay at once; busy, a commit can wait a linger step for
@@ -247,7 +247,6 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 // within noise in another, and the writers' throughput the same or better
 // (bench latency and bench writers, docs/log.md 2026-12-03).
 const (
-	busyMinRows      = 8
 	busyLingerClaims = 3
 	busyLingerStep   = 500 * time.Microsecond
 )

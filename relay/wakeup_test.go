@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"testing"
 	"time"
 )
@@ -80,14 +81,17 @@ func TestBusyOnlyWithSeveralCommitsPerClaim(t *testing.T) {
 		batch   int
 		claimed []int
 		busy    bool
+		rows    int // Config.BusyRows (0: the default)
 	}{
-		{500, []int{1, 1, 1}, false},
-		{500, []int{1, busyMinRows - 1}, false},
-		{500, []int{1, busyMinRows}, true},
-		{500, []int{busyMinRows}, false}, // the first claim of a drain: a wake-up
-		{1, []int{1, 1}, true},
+		{500, []int{1, 1, 1}, false, 0},
+		{500, []int{1, DefaultBusyRows - 1}, false, 0},
+		{500, []int{1, DefaultBusyRows}, true, 0},
+		{500, []int{DefaultBusyRows}, false, 0}, // the first claim of a drain: a wake-up
+		{1, []int{1, 1}, true, 0},
+		{500, []int{1, 2}, true, 2},
+		{500, []int{1, 1}, false, 2},
 	} {
-		r := &Relay{cfg: Config{BatchSize: c.batch, BusyPace: -1}}
+		r := &Relay{cfg: Config{BatchSize: c.batch, BusyPace: -1, BusyRows: cmp.Or(c.rows, DefaultBusyRows)}}
 		r.listenPID.Store(42)
 		w := r.newWakeup(false)
 		for _, n := range c.claimed {
@@ -95,7 +99,7 @@ func TestBusyOnlyWithSeveralCommitsPerClaim(t *testing.T) {
 			w.published(ctx, BatchResult{Claimed: n})
 		}
 		if got := w.op == flagBusy; got != c.busy {
-			t.Errorf("batch %d, claims of %v rows: says busy %v, want %v", c.batch, c.claimed, got, c.busy)
+			t.Errorf("batch %d, busy rows %d, claims of %v rows: says busy %v, want %v", c.batch, r.cfg.BusyRows, c.claimed, got, c.busy)
 		}
 	}
 }

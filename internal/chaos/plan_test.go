@@ -93,6 +93,28 @@ func TestSummaryLine(t *testing.T) {
 	}
 }
 
+// A run whose busy errors (or fail points) injected under load all failed
+// to fire did not test them, and says so; one that fired passes, and so do
+// faults injected after the load (nothing to fire on).
+func TestRunWhoseBusyErrorsNeverFiredFails(t *testing.T) {
+	missed := FaultRecord{Kind: BusyError, UnderLoad: true, Note: "did not fire within 30s (no traffic?)"}
+	fired := FaultRecord{Kind: BusyError, UnderLoad: true, Note: "fired: a busy round trip failed; the relay stays up"}
+	late := FaultRecord{Kind: Failpoint, Note: "did not fire within 30s (no traffic?); killed instead"}
+	for _, c := range []struct {
+		faults []FaultRecord
+		want   int
+	}{
+		{[]FaultRecord{missed, missed}, 1},
+		{[]FaultRecord{missed, fired}, 0},
+		{[]FaultRecord{late, {Kind: KillRelay, UnderLoad: true}}, 0},
+		{[]FaultRecord{missed, {Kind: Failpoint, UnderLoad: true, Note: late.Note}}, 2},
+	} {
+		if got := (Result{Faults: c.faults}).unfired(); len(got) != c.want {
+			t.Errorf("faults %+v: problems %q, want %d", c.faults, got, c.want)
+		}
+	}
+}
+
 // The offline velocity check counts exactly the verdicts that differ from
 // settled order's.
 func TestVerdictsDifferFromSettledOrder(t *testing.T) {

@@ -75,6 +75,34 @@ func (r Result) kinds() []string {
 	return Kinds
 }
 
+// mustFire is the kinds of fault that test something only when they fire:
+// a fail point needs traffic through its point, a busy error a relay in
+// the busy state. Their notes start with "fired" when they did.
+var mustFire = []string{Failpoint, BusyError}
+
+// unfired reports each kind of mustFire injected while the load ran of
+// which not one fired: such a run passes while testing less than it says
+// (as when the chaos load stopped reaching the relays' busy state).
+func (r Result) unfired() []string {
+	var out []string
+	for _, k := range mustFire {
+		tried, fired := 0, 0
+		for _, f := range r.Faults {
+			if f.Kind != k || !f.UnderLoad {
+				continue
+			}
+			tried++
+			if strings.HasPrefix(f.Note, "fired") {
+				fired++
+			}
+		}
+		if tried > 0 && fired == 0 {
+			out = append(out, fmt.Sprintf("none of the %d %s faults injected under load fired: the run did not test them", tried, k))
+		}
+	}
+	return out
+}
+
 // Summary is the one line a run prints.
 func (r Result) Summary() string {
 	counts := map[string]int{}
