@@ -246,13 +246,14 @@ func (k Keys) DayAccount(day, acct string) string {
 // Window is the sender's recent transfers, for the velocity rule.
 func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
 
-// WindowEntries holds the transfers of the sender's window with the running
-// sum of their amounts, so that the velocity rule totals a window in
-// O(log k) (effect.lua).
+// WindowEntries held the transfers of the sender's window with the running
+// sum of their amounts, until the window's members carried them
+// (2026-12-04): effect.lua reads it only to convert such a window.
 func (k Keys) WindowEntries(acct string) string { return k.Prefix + "window-entries:" + acct }
 
-// Approved is the sender's recent transfers that are still approved: the
-// ones a transfer arriving late can send to review.
+// Approved held the sender's recent transfers that were still approved,
+// until the window's members carried that (2026-12-04): effect.lua reads it
+// only to convert such a window.
 func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acct }
 
 // Audit is the stream of effects in the order applied (Config.AuditLen).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -92,6 +93,61 @@ func TestVelocityRule(t *testing.T) {
 	}
 	if rep.Verdicts != 6 || rep.Reviews != 2 || rep.Accounts["ana"] != (AccountTotals{SentCents: 150_000, Transfers: 4}) {
 		t.Fatalf("report %+v", rep)
+	}
+}
+
+// TEDs settled at one instant (a payroll in one transaction) share one
+// window total, that of the instant: the TED that takes it over the limit
+// goes to review and sends the instant's earlier ones there too, and each
+// later total counts them all, also once the running sum has more digits
+// than the first's (the window's members of one instant sort by arrival,
+// not by their text; sorted by text, the newest member would be the 90,000
+// one and the eighth TED's total 15,000). A ninth TED of the instant that
+// arrives late joins them in its place.
+func TestTransfersOfOneInstantShareItsTotal(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	stream := rdb.Prefix + "outbox.event.transfer"
+	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
+	c, err := New(rdb.Client, Config{
+		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
+		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Millisecond)
+	var ids []uuid.UUID
+	for range 8 { // R$ 150 each: 105k with the seventh, 120k with the eighth
+		ids = append(ids, publish(t, rdb, stream, "ana", 15_000, at))
+	}
+	ids = append(ids, publish(t, rdb, stream, "ana", 1, at.Add(time.Second)))
+	ids = append(ids, publish(t, rdb, stream, "ana", 15_000, at))               // late: 135k
+	ids = append(ids, publish(t, rdb, stream, "ana", 1, at.Add(2*time.Second))) // 135,002
+	if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		if got, err := Verdict(ctx, rdb.Client, keys, id.String()); err != nil || got != "review" {
+			t.Errorf("TED %d: verdict %q (err %v), want review", i, got, err)
+		}
+	}
+	alerts, err := rdb.XRange(ctx, keys.Alerts(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var totals []string
+	for _, a := range alerts {
+		totals = append(totals, fmt.Sprint(a.Values["window_total_cents"]))
+	}
+	// The seventh's and the six it revised, the eighth's, the next
+	// instant's, the late one's, the last one's.
+	want := []string{"105000", "105000", "105000", "105000", "105000", "105000", "105000", "120000", "120001", "135000", "135002"}
+	if !slices.Equal(totals, want) {
+		t.Errorf("alerts' window totals %v, want %v", totals, want)
 	}
 }
 
@@ -274,11 +330,27 @@ func TestVelocityVerdictsMatchTheRuleInAnyArrivalOrder(t *testing.T) {
 	}
 }
 
-// A sender's window written before the window entries existed (members
-// 'amount:event_id:transfer_id') is converted at its next event, and counts
-// as it did: its transfers are in the next one's total, and a late arrival
-// still sends one of them to review.
+// windowMember matches a member of a sender's window as effect.lua writes
+// it: settled_at:tie:cum:amount:flag:event_id:transfer_id.
+var windowMember = regexp.MustCompile(`^\d+:\d{8}:-?\d+:\d+:[ar]:[0-9a-f-]{36}:[0-9a-f-]{36}$`)
+
+// A sender's window of an earlier format is converted at its next event,
+// and counts as it did: its transfers are in the next one's total, and a
+// late arrival still sends one of them to review. The formats: members
+// 'amount:event_id:transfer_id' (before the window entries), and numbered
+// members with their entries in a hash and the approved ones in a second
+// sorted set (until 2026-12-04).
 func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
+	for _, numbered := range []bool{false, true} {
+		name := "amount members"
+		if numbered {
+			name = "numbered members with entries"
+		}
+		t.Run(name, func(t *testing.T) { testWindowConversion(t, numbered) })
+	}
+}
+
+func testWindowConversion(t *testing.T, numbered bool) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
@@ -295,9 +367,16 @@ func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
 	}
 	base := time.Now().UTC().Add(-2 * time.Hour)
 	var earlier []string // transfer ids
-	for _, at := range []time.Time{base, base.Add(20 * time.Minute)} {
-		tid := uuid.NewString()
-		member := fmt.Sprintf("40000:%s:%s", uuid.NewString(), tid)
+	for i, at := range []time.Time{base, base.Add(20 * time.Minute)} {
+		tid, eid := uuid.NewString(), uuid.NewString()
+		member := fmt.Sprintf("40000:%s:%s", eid, tid)
+		if numbered {
+			member = fmt.Sprintf("%015d", i+1)
+			entry := fmt.Sprintf("%d:40000:%s:%s", 40000*(i+1), eid, tid)
+			if err := rdb.HSet(ctx, keys.WindowEntries("ana"), member, entry, "n", i+1).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		score := float64(at.UnixMilli())
 		if err := rdb.ZAdd(ctx, keys.Window("ana"), redis.Z{Score: score, Member: member}).Err(); err != nil {
 			t.Fatal(err)
@@ -334,8 +413,18 @@ func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
 			t.Errorf("%s: verdict %q (err %v), want %q", tc.what, got, err, tc.want)
 		}
 	}
-	if members, _ := rdb.ZRange(ctx, keys.Window("ana"), 0, -1).Result(); len(members) != 4 || strings.Contains(strings.Join(members, " "), ":") {
-		t.Errorf("window after the conversion: %v, want four numbered entries", members)
+	members, err := rdb.ZRange(ctx, keys.Window("ana"), 0, -1).Result()
+	if err != nil || len(members) != 4 {
+		t.Fatalf("window after the conversion: %v (err %v), want four members", members, err)
+	}
+	// In settled order: 40k, the late 25k, 40k (sent to review), 30k.
+	for i, want := range []string{":40000:40000:a:", ":65000:25000:a:", ":105000:40000:r:", ":135000:30000:r:"} {
+		if !windowMember.MatchString(members[i]) || !strings.Contains(members[i], want) {
+			t.Errorf("window member %d after the conversion: %s, want one of this format with %s", i, members[i], want)
+		}
+	}
+	if n, err := rdb.Exists(ctx, keys.Approved("ana"), keys.WindowEntries("ana")).Result(); err != nil || n != 0 {
+		t.Errorf("%d keys of the earlier format left (err %v), want 0", n, err)
 	}
 }
 
@@ -371,19 +460,12 @@ func TestWindowIsTrimmedToTwoWindows(t *testing.T) {
 	if !slices.Equal(hours, []int{2, 3, 4}) {
 		t.Fatalf("window holds the transfers of hours %v after the first, want 2, 3, 4 (two windows before the newest)", hours)
 	}
-	fields, err := rdb.HKeys(ctx, keys.WindowEntries("ana")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	slices.Sort(fields)
-	var want []string
-	for _, z := range scores {
-		want = append(want, fmt.Sprint(z.Member))
-	}
-	want = append(want, "n")
-	slices.Sort(want)
-	if !slices.Equal(fields, want) {
-		t.Fatalf("window entries %v, want the window's %v and the counter", fields, want)
+	// The running sums stay those of the whole sequence: a total is the
+	// difference of two of them.
+	for i, z := range scores {
+		if m := fmt.Sprint(z.Member); !windowMember.MatchString(m) || !strings.Contains(m, fmt.Sprintf(":%d:1000:a:", 1000*(i+3))) {
+			t.Errorf("window member %s, want the running sum %d", m, 1000*(i+3))
+		}
 	}
 }
 
@@ -406,12 +488,13 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	}{
 		{"stats", Keys.Stats, 100, 0, time.Minute},
 		{"day totals", func(k Keys) string { return k.DayAccount(day, "ana") }, 100, 0, time.Minute},
-		{"approved set", func(k Keys) string { return k.Approved("ana") }, 100, 0, time.Minute},
-		// Sent to review, but it trims the first TED from the approved set.
-		{"approved set, trimmed", func(k Keys) string { return k.Approved("ana") }, DefaultAmountLimitCents + 1, 0, 3 * DefaultWindow},
 		{"alerts", Keys.Alerts, DefaultAmountLimitCents + 1, 0, time.Minute},
 		{"audit", Keys.Audit, 100, 10, time.Minute},
-		{"window entries", func(k Keys) string { return k.WindowEntries("ana") }, 100, 0, time.Minute},
+		// Read first, or written before the window (idempotent writes).
+		{"window", func(k Keys) string { return k.Window("ana") }, 100, 0, time.Minute},
+		{"window, trimmed", func(k Keys) string { return k.Window("ana") }, DefaultAmountLimitCents + 1, 0, 3 * DefaultWindow},
+		{"day senders", func(k Keys) string { return k.DayAccounts(day) }, 100, 0, time.Minute},
+		{"days index", Keys.Days, 100, 0, time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := outboxtest.NewRedis(t)
@@ -455,9 +538,6 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 			}
 			if n, err := rdb.ZCard(ctx, keys.Window("ana")).Result(); err != nil || n != want {
 				t.Errorf("ana's window holds %d transfers (%v), want %d: the failed attempt left part of its effect", n, err, want)
-			}
-			if n, err := rdb.HLen(ctx, keys.WindowEntries("ana")).Result(); err != nil || n != want+1 {
-				t.Errorf("ana's window entries: %d fields (%v), want %d and the counter", n, err, want)
 			}
 			if tc.name == "stats" || tc.name == "day totals" {
 				return // restored without the failed attempt's counts, if it made any

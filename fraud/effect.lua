@@ -12,19 +12,24 @@
 --
 -- KEYS[1] dedupe marker         KEYS[2] verdict (per transfer)
 -- KEYS[3] sender's day totals   KEYS[4] day's senders set
--- KEYS[5] days index zset       KEYS[6] sender window zset
+-- KEYS[5] days index zset       KEYS[6] sender window zset (below)
 -- KEYS[7] stats hash            KEYS[8] alerts stream
 -- KEYS[9] the partition's lease (ownership.go)
--- KEYS[10] the sender's approved transfers in the window (zset, as KEYS[6]):
---          the only ones a late arrival can still send to review
+-- KEYS[10] the sender's approved set and KEYS[13] its window entries hash:
+--          the window's state before 2026-12-04, read only to convert it
 -- KEYS[11] the audit stream (Config.AuditLen): the effects in the order applied
 -- KEYS[12] the batch's gate (a hash, one per pipeline: its senders whose
 --          event failed in it; written only on a failure)
--- KEYS[13] the sender's window entries (a hash, bounded like the window):
---          field 'n' numbers the transfers as they arrive; field <number>
---          holds 'cum:amount:event_id:transfer_id', cum being the running
---          sum of the amounts of the window's transfers up to this one in
---          the window's order (by settled_at, then arrival)
+--
+-- The sender's window (KEYS[6]) is one sorted set: each of its recent
+-- transfers is a member 'at:tie:cum:amount:flag:event_id:transfer_id'
+-- scored by at, its settled_at (ms; in the member too, so that reads need
+-- no WITHSCORES, whose doubles Redis formats with printf). tie numbers the
+-- transfers settled at the same instant in their order of arrival (8
+-- digits, so that members of one score sort by it); cum is the running sum of the amounts of the window's
+-- transfers up to this one, in the window's order (by settled_at, then
+-- arrival); flag is 'a' while the transfer is approved (the only ones a
+-- late arrival can still send to review), 'r' otherwise.
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -72,7 +77,7 @@ local function apply()
   end
 
   if ARGV[21] == '1' or redis.call('EXISTS', KEYS[1]) == 1 then
-    redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', 1)
+    redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', '1')
     return {0, 0}
   end
 
@@ -82,96 +87,136 @@ local function apply()
   local expireAt = tonumber(ARGV[12])
   local limit = tonumber(ARGV[9])
 
-  -- The sender's window (KEYS[6]) holds its recent transfers by number
-  -- (KEYS[13]), scored by settled_at; numbers grow with arrival, so a
-  -- transfer arriving in settled order goes last. Each entry carries the
-  -- running sum up to it, so the total of any span of the window is two
-  -- lookups (O(log k)), not a scan of it. Windows written as
-  -- 'amount:event:transfer' members (before the entries) are converted once.
-  local function entry(num)
-    local v = redis.call('HGET', KEYS[13], num)
-    if not v then
+  -- A member of the window, parsed (nil: not of this format), and back.
+  -- Its running sum makes the total of any span of the window two lookups
+  -- (O(log k)), not a scan of it.
+  local function parse(m)
+    local sc, tie, cum, amt, flag, ev, tr = string.match(m, '^(%d+):(%d+):(-?%d+):(%d+):([ar]):([^:]+):(.+)$')
+    if not sc then
       return nil
     end
-    local cum, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
-    return {cum = tonumber(cum), amount = tonumber(amt), event = ev, transfer = tr}
+    return {m = m, score = tonumber(sc), tie = tonumber(tie), cum = tonumber(cum), amount = tonumber(amt),
+      approved = flag == 'a', event = ev, transfer = tr}
   end
-  local function value(cum, amt, ev, tr)
-    return string.format('%d:%d:', cum, amt) .. ev .. ':' .. tr
+  local function member(e)
+    local flag = 'r'
+    if e.approved then
+      flag = 'a'
+    end
+    return string.format('%d:%08d:%d:%d:', e.score, e.tie, e.cum, e.amount) .. flag .. ':' .. e.event .. ':' .. e.transfer
   end
+  local function must(e, m)
+    if not e then
+      error('window member ' .. tostring(m) .. ' of sender ' .. ARGV[4] .. ' is of no known format (' .. KEYS[6] .. ')')
+    end
+    return e
+  end
+  -- ZADD of score/member pairs, in chunks (unpack has a limit).
+  local function zadd(pairs)
+    for i = 1, #pairs, 1000 do
+      redis.call('ZADD', KEYS[6], unpack(pairs, i, math.min(i + 999, #pairs)))
+    end
+  end
+  -- Windows of the earlier formats are converted once: numbered members
+  -- with their entries in KEYS[13] and the approved ones in KEYS[10] (until
+  -- 2026-12-04), or 'amount:event:transfer' members (before that).
   local function convert()
     local old = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
     local approved = {}
     for _, m in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do
       approved[m] = true
     end
-    redis.call('DEL', KEYS[6], KEYS[10], KEYS[13])
-    local cum = 0
+    local numbered = not string.find(old[1], ':', 1, true)
+    local new, cum, prevScore, tie = {}, 0, nil, 0
     for i = 1, #old, 2 do
-      local amt, rest = string.match(old[i], '^(%d+):(.+)$')
-      if amt then
-        local num = string.format('%015d', redis.call('HINCRBY', KEYS[13], 'n', 1))
-        cum = cum + tonumber(amt)
-        redis.call('HSET', KEYS[13], num, string.format('%d:', cum) .. old[i])
-        redis.call('ZADD', KEYS[6], old[i + 1], num)
-        if approved[old[i]] then
-          redis.call('ZADD', KEYS[10], old[i + 1], num)
+      local e
+      if numbered then
+        local v = redis.call('HGET', KEYS[13], old[i])
+        local c, amt, ev, tr
+        if v then
+          c, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
+        end
+        if not c then
+          error('window entry ' .. old[i] .. ' of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
+        end
+        e = {cum = tonumber(c), amount = tonumber(amt), event = ev, transfer = tr}
+      else
+        local amt, ev, tr = string.match(old[i], '^(%d+):([^:]+):(.+)$')
+        if amt then
+          cum = cum + tonumber(amt)
+          e = {cum = cum, amount = tonumber(amt), event = ev, transfer = tr}
         end
       end
+      if e then
+        local score = tonumber(old[i + 1])
+        if score == prevScore then
+          tie = tie + 1
+        else
+          tie = 0
+        end
+        prevScore = score
+        e.score, e.tie, e.approved = score, tie, approved[old[i]] == true
+        table.insert(new, old[i + 1])
+        table.insert(new, member(e))
+      end
     end
+    redis.call('DEL', KEYS[6], KEYS[10], KEYS[13])
+    zadd(new)
   end
-  local last = redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  if #last > 0 and string.find(last[1], ':', 1, true) then
+
+  local last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
+  if #last > 0 and not parse(last[1]) then
     convert()
-    last = redis.call('ZREVRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+    last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
   end
-  -- The window's newest transfer: where an in-order arrival goes, and
-  -- the last transfer of its window.
-  local lastEntry
+  -- The window's newest transfer (where an in-order arrival goes, and the
+  -- last of its window) and its oldest (the first of an in-order arrival's
+  -- window, as a rule, and what the trim below looks at).
+  local newestE, oldestE
   if #last > 0 then
-    lastEntry = entry(last[1])
-    if not lastEntry then
-      error('window entry ' .. last[1] .. ' of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
-    end
+    newestE = must(parse(last[1]), last[1])
+    local head = redis.call('ZRANGE', KEYS[6], '0', '0')
+    oldestE = must(parse(head[1]), head[1])
   end
-  -- And its oldest (the first of the window of an in-order arrival, as a
-  -- rule, and what the trim below looks at).
-  local head = {}
-  if #last > 0 then
-    head = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  -- Score bounds as arguments: integers formatted as such (a number
+  -- argument is formatted with %.17g).
+  local function above(v)
+    return string.format('(%d', v)
+  end
+  local function upto(v)
+    return string.format('%d', v)
   end
   -- The window's total over (lo, hi], from the running sums of its first
   -- and last transfers there.
   local function total(lo, hi)
-    local first
-    if #head > 0 and tonumber(head[2]) > lo then
-      if tonumber(head[2]) > hi then
-        return 0
-      end
-      first = head
-    else
-      first = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. lo, hi, 'LIMIT', 0, 1)
-    end
-    if #first == 0 then
+    if not newestE then
       return 0
     end
-    local l = lastEntry
-    if tonumber(last[2]) > hi then
-      l = entry(redis.call('ZREVRANGEBYSCORE', KEYS[6], hi, '(' .. lo, 'LIMIT', 0, 1)[1])
+    local f
+    if oldestE.score > lo then
+      if oldestE.score > hi then
+        return 0
+      end
+      f = oldestE
+    else
+      local r = redis.call('ZRANGEBYSCORE', KEYS[6], above(lo), upto(hi), 'LIMIT', '0', '1')
+      if #r == 0 then
+        return 0
+      end
+      f = must(parse(r[1]), r[1])
     end
-    local f = lastEntry
-    if first[1] ~= last[1] then
-      f = entry(first[1])
-    end
-    if not f or not l then
-      error('window entries of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
+    local l = newestE
+    if newestE.score > hi then
+      local r = redis.call('ZREVRANGEBYSCORE', KEYS[6], upto(hi), above(lo), 'LIMIT', '0', '1')
+      l = must(parse(r[1]), r[1])
     end
     return l.cum - f.cum + f.amount
   end
 
   -- Reads first (an inconsistent window fails here, before any write).
   -- The sender's total over (at - window, at], this transfer included.
-  local windowTotal = amount + total(at - window, at)
+  local before = total(at - window, at)
+  local windowTotal = amount + before
   local verdict, reason = 'approve', ''
   if amount > tonumber(ARGV[8]) then
     verdict, reason = 'review', 'amount'
@@ -182,93 +227,76 @@ local function apply()
   -- running sum is theirs plus its amount, and every transfer settled after
   -- it (none when transfers arrive in order, the usual case) has this
   -- amount added to its own.
-  local cumBefore = 0
-  local prev = {}
-  if #last > 0 and tonumber(last[2]) <= at then
-    cumBefore = lastEntry.cum -- in order: after the newest
-  elseif #last > 0 then
-    prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], at, '-inf', 'LIMIT', 0, 1)
-  end
-  if #prev > 0 then
-    local e = entry(prev[1])
-    if not e then
-      error('window entry ' .. prev[1] .. ' of sender ' .. ARGV[4] .. ' missing')
+  local cumBefore, tie = 0, 0
+  local later = {}
+  if newestE and newestE.score <= at then
+    cumBefore = newestE.cum -- in order: after the newest
+    if newestE.score == at then
+      tie = newestE.tie + 1
     end
-    cumBefore = e.cum
-  elseif #last > 0 and tonumber(last[2]) > at then
-    local e = entry(head[1])
-    if not e then
-      error('window entry ' .. head[1] .. ' of sender ' .. ARGV[4] .. ' missing')
+  elseif newestE then
+    local prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], ARGV[6], '-inf', 'LIMIT', '0', '1')
+    if #prev > 0 then
+      local e = must(parse(prev[1]), prev[1])
+      cumBefore = e.cum
+      if e.score == at then
+        tie = e.tie + 1
+      end
+    else
+      cumBefore = oldestE.cum - oldestE.amount
     end
-    cumBefore = e.cum - e.amount
-  end
-  local after = {}
-  if #last > 0 and tonumber(last[2]) > at then
-    after = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. at, '+inf')
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. ARGV[6], '+inf')) do
+      table.insert(later, must(parse(m), m))
+    end
   end
   -- Approved transfers settled in [at, at + window) that arrived before this
   -- one: their windows include it, so it may push them over the limit. Only
-  -- approved ones can change, and they are kept apart (KEYS[10]). Those
-  -- settled at this very instant (a payroll settled in one transaction
-  -- shares one) have this transfer's window total, so they matter only when
-  -- it is over the limit; the ones after it are none at all when transfers
-  -- arrive in order. Each later one's total gains this transfer's amount.
-  local ties = {}
-  if windowTotal > limit then
-    ties = redis.call('ZRANGEBYSCORE', KEYS[10], at, at)
+  -- approved ones can change. Those settled at this very instant (a payroll
+  -- settled in one transaction shares one) have this transfer's window
+  -- total, so they matter only when it takes that total over the limit:
+  -- once the instant's total is over, none of them is approved (whatever
+  -- took it over sent them all to review), so the instant is read once,
+  -- not at each of its transfers. The ones after it are none at all when
+  -- transfers arrive in order. Each later one's total gains this
+  -- transfer's amount.
+  local revisions = {}
+  if windowTotal > limit and before <= limit and newestE and newestE.score >= at then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], ARGV[6], ARGV[6])) do
+      local e = must(parse(m), m)
+      if e.approved then
+        table.insert(revisions, {e = e, total = windowTotal})
+      end
+    end
   end
-  local pushed = {}
-  if #after > 0 then
-    local later = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. at, '(' .. (at + window), 'WITHSCORES')
-    for i = 1, #later, 2 do
-      local lscore = tonumber(later[i + 1])
-      local ltotal = amount + total(lscore - window, lscore)
+  for _, e in ipairs(later) do
+    if e.approved and e.score < at + window then
+      local ltotal = amount + total(e.score - window, e.score)
       if ltotal > limit then
-        table.insert(pushed, {later[i], ltotal})
+        table.insert(revisions, {e = e, total = ltotal})
       end
     end
   end
   -- What revising them takes, read now (a verdict key of the wrong type
-  -- fails here, not after the writes): their entries and current verdicts.
-  local revisions = {}
-  local function toRevise(lnum, ltotal)
-    local e = entry(lnum)
-    local current
-    if e then
-      current = redis.call('GET', ARGV[18] .. e.transfer)
-    end
-    table.insert(revisions, {num = lnum, total = ltotal, e = e, current = current})
-  end
-  for _, m in ipairs(ties) do
-    toRevise(m, windowTotal)
-  end
-  for _, p in ipairs(pushed) do
-    toRevise(p[1], p[2])
+  -- fails here, not after the writes): their current verdicts.
+  for _, r in ipairs(revisions) do
+    r.current = redis.call('GET', ARGV[18] .. r.e.transfer)
   end
 
-  local newest = at
-  if #last > 0 then
-    newest = math.max(newest, tonumber(last[2]))
-  end
-  local oldest = at
-  if #head > 0 then
-    oldest = math.min(oldest, tonumber(head[2]))
+  local newest, oldest = at, at
+  if newestE then
+    newest = math.max(newest, newestE.score)
+    oldest = math.min(oldest, oldestE.score)
   end
   local trim = oldest < newest - 2 * window -- below, after the window's writes
 
-  -- Keys written after the first non-idempotent write (the window's
-  -- arrival counter) must not fail mid-script: a wrong type would leave
-  -- half an effect behind. Check those this event writes, before any
-  -- write. The window and the approved set when read already failed on a
-  -- wrong type; the entries hash needs no check: the counter is its first
-  -- write, and a write that fails there leaves only idempotent ones.
+  -- Keys written after the first non-idempotent write (the window's) must
+  -- not fail mid-script: a wrong type would leave half an effect behind.
+  -- Check those this event writes, before any write. The window itself was
+  -- read above; the verdicts a revision rewrites too.
   local audit = tonumber(ARGV[20])
   local typed = {{KEYS[7], 'hash'}}
   if expireAt > 0 then
     table.insert(typed, {KEYS[3], 'hash'})
-  end
-  if verdict == 'approve' or trim then
-    table.insert(typed, {KEYS[10], 'zset'})
   end
   if verdict == 'review' or #revisions > 0 then
     table.insert(typed, {KEYS[8], 'stream'})
@@ -285,86 +313,95 @@ local function apply()
 
   -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
   if expireAt > 0 then
-    redis.call('SET', KEYS[2], verdict, 'PXAT', expireAt)
+    redis.call('SET', KEYS[2], verdict, 'PXAT', ARGV[12])
     -- The day's senders and the days index change only with a new sender
     -- or day (their expiry and trim too: the same instant for every
     -- transfer of a day, and a new day at least once a day; a --retention
     -- changed in the middle of a day applies to the day keys created after).
     if redis.call('SADD', KEYS[4], ARGV[4]) == 1 then
-      redis.call('PEXPIREAT', KEYS[4], expireAt)
+      redis.call('PEXPIREAT', KEYS[4], ARGV[12])
     end
     if redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13]) == 1 then
       redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
     end
   end
-  local num = string.format('%015d', redis.call('HINCRBY', KEYS[13], 'n', 1))
-  redis.call('HSET', KEYS[13], num, value(cumBefore + amount, amount, ARGV[2], ARGV[3]))
-  for _, m in ipairs(after) do
-    local e = entry(m)
-    if e then
-      redis.call('HSET', KEYS[13], m, value(e.cum + amount, e.amount, e.event, e.transfer))
-    end
+  -- The window: the later transfers' running sums and the revised ones'
+  -- flags, then this transfer.
+  local changed = {}
+  for _, e in ipairs(later) do
+    e.cum = e.cum + amount
+    changed[e.m] = e
   end
-  redis.call('ZADD', KEYS[6], at, num)
-  if verdict == 'approve' then
-    redis.call('ZADD', KEYS[10], at, num)
+  for _, r in ipairs(revisions) do
+    r.e.approved = false -- sent to review: it can change no more
+    changed[r.e.m] = r.e
   end
+  local gone, new = {}, {}
+  for m, e in pairs(changed) do
+    table.insert(gone, m)
+    table.insert(new, upto(e.score))
+    table.insert(new, member(e))
+  end
+  for i = 1, #gone, 1000 do
+    redis.call('ZREM', KEYS[6], unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  table.insert(new, ARGV[6])
+  table.insert(new, member({score = at, tie = tie, cum = cumBefore + amount, amount = amount,
+    approved = verdict == 'approve', event = ARGV[2], transfer = ARGV[3]}))
+  zadd(new)
   -- Forget transfers older than the newest one seen minus two windows: events
   -- of one sender can arrive up to a window late and still be judged right.
   if trim then
-    local cutoff = '(' .. (newest - 2 * window)
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', cutoff)) do
-      redis.call('HDEL', KEYS[13], m)
-    end
-    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', cutoff)
-    redis.call('ZREMRANGEBYSCORE', KEYS[10], '-inf', cutoff)
+    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', above(newest - 2 * window))
   end
   -- The running sums only grow while the sender keeps sending: bring them
   -- back near zero long before they leave a double's exact integers.
-  local firstLeft
+  local first = {}
   if cumBefore + amount > 2 ^ 48 then
-    firstLeft = entry(redis.call('ZRANGE', KEYS[6], 0, 0)[1])
+    first = redis.call('ZRANGE', KEYS[6], '0', '0')
   end
-  if firstLeft and firstLeft.cum - firstLeft.amount > 2 ^ 48 then
-    local base = firstLeft.cum - firstLeft.amount
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-      local e = entry(m)
-      if e then
-        redis.call('HSET', KEYS[13], m, value(e.cum - base, e.amount, e.event, e.transfer))
+  if #first > 0 then
+    local f = must(parse(first[1]), first[1])
+    local base = f.cum - f.amount
+    if base > 2 ^ 48 then
+      local rebased = {}
+      for _, m in ipairs(redis.call('ZRANGE', KEYS[6], '0', '-1')) do
+        local e = must(parse(m), m)
+        e.cum = e.cum - base
+        table.insert(rebased, upto(e.score))
+        table.insert(rebased, member(e))
       end
+      redis.call('DEL', KEYS[6])
+      zadd(rebased)
     end
   end
   redis.call('PEXPIRE', KEYS[6], ARGV[16])
-  redis.call('PEXPIRE', KEYS[10], ARGV[16])
-  redis.call('PEXPIRE', KEYS[13], ARGV[16])
   -- Then the counters, which must happen once.
   if expireAt > 0 then
     redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-    if redis.call('HINCRBY', KEYS[3], 'transfers', 1) == 1 then
-      redis.call('PEXPIREAT', KEYS[3], expireAt) -- the same instant for the whole day
+    if redis.call('HINCRBY', KEYS[3], 'transfers', '1') == 1 then
+      redis.call('PEXPIREAT', KEYS[3], ARGV[12]) -- the same instant for the whole day
     end
   end
-  redis.call('HINCRBY', KEYS[7], 'verdicts', 1)
+  redis.call('HINCRBY', KEYS[7], 'verdicts', '1')
   if audit > 0 then
-    redis.call('XADD', KEYS[11], 'MAXLEN', '~', audit, '*',
+    redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[20], '*',
       'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4], 'verdict', verdict)
   end
   if verdict == 'review' then
-    redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+    redis.call('HINCRBY', KEYS[7], 'reviews', '1')
     redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
       'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
       'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
       'window_total_cents', string.format('%d', windowTotal), 'reason', reason)
   end
-  -- Transfers this one pushes over the limit go to review (and leave the
-  -- approved set: they can change no more).
+  -- Transfers this one pushes over the limit go to review.
   local revised = 0
   for _, r in ipairs(revisions) do
-    redis.call('ZREM', KEYS[10], r.num)
     if r.current == 'approve' then
       local e = r.e
       redis.call('SET', ARGV[18] .. e.transfer, 'review', 'KEEPTTL')
-      redis.call('HINCRBY', KEYS[7], 'reviews', 1)
+      redis.call('HINCRBY', KEYS[7], 'reviews', '1')
       redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
         'event_id', e.event, 'transfer_id', e.transfer, 'from_account', ARGV[4],
         'amount_cents', string.format('%d', e.amount), 'window_total_cents', string.format('%d', r.total),
