@@ -331,8 +331,8 @@ func TestVelocityVerdictsMatchTheRuleInAnyArrivalOrder(t *testing.T) {
 }
 
 // windowMember matches a member of a sender's window as effect.lua writes
-// it: settled_at:tie:cum:amount:flag:event_id:transfer_id.
-var windowMember = regexp.MustCompile(`^\d+:\d{8}:-?\d+:\d+:[ar]:[0-9a-f-]{36}:[0-9a-f-]{36}$`)
+// it: settled_at|tie|cum|amount|flag|event_id|transfer_id.
+var windowMember = regexp.MustCompile(`^\d+\|\d{8}\|-?\d+\|\d+\|[ar]\|[0-9a-f-]{36}\|[0-9a-f-]{36}$`)
 
 // A sender's window of an earlier format is converted at its next event,
 // and counts as it did: its transfers are in the next one's total, and a
@@ -418,7 +418,7 @@ func testWindowConversion(t *testing.T, numbered bool) {
 		t.Fatalf("window after the conversion: %v (err %v), want four members", members, err)
 	}
 	// In settled order: 40k, the late 25k, 40k (sent to review), 30k.
-	for i, want := range []string{":40000:40000:a:", ":65000:25000:a:", ":105000:40000:r:", ":135000:30000:r:"} {
+	for i, want := range []string{"|40000|40000|a|", "|65000|25000|a|", "|105000|40000|r|", "|135000|30000|r|"} {
 		if !windowMember.MatchString(members[i]) || !strings.Contains(members[i], want) {
 			t.Errorf("window member %d after the conversion: %s, want one of this format with %s", i, members[i], want)
 		}
@@ -463,7 +463,7 @@ func TestWindowIsTrimmedToTwoWindows(t *testing.T) {
 	// The running sums stay those of the whole sequence: a total is the
 	// difference of two of them.
 	for i, z := range scores {
-		if m := fmt.Sprint(z.Member); !windowMember.MatchString(m) || !strings.Contains(m, fmt.Sprintf(":%d:1000:a:", 1000*(i+3))) {
+		if m := fmt.Sprint(z.Member); !windowMember.MatchString(m) || !strings.Contains(m, fmt.Sprintf("|%d|1000|a|", 1000*(i+3))) {
 			t.Errorf("window member %s, want the running sum %d", m, 1000*(i+3))
 		}
 	}

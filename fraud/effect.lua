@@ -22,14 +22,18 @@
 --          event failed in it; written only on a failure)
 --
 -- The sender's window (KEYS[6]) is one sorted set: each of its recent
--- transfers is a member 'at:tie:cum:amount:flag:event_id:transfer_id'
+-- transfers is a member 'at|tie|cum|amount|flag|event_id|transfer_id'
 -- scored by at, its settled_at (ms; in the member too, so that reads need
 -- no WITHSCORES, whose doubles Redis formats with printf). tie numbers the
 -- transfers settled at the same instant in their order of arrival (8
--- digits, so that members of one score sort by it); cum is the running sum of the amounts of the window's
--- transfers up to this one, in the window's order (by settled_at, then
--- arrival); flag is 'a' while the transfer is approved (the only ones a
--- late arrival can still send to review), 'r' otherwise.
+-- digits, so that members of one score sort by it); cum is the running sum
+-- of the amounts of the window's transfers up to this one, in the window's
+-- order (by settled_at, then arrival); flag is 'a' while the transfer is approved (the only ones a
+-- late arrival can still send to review), 'r' otherwise. No ':' in it: a
+-- consumer of the previous version takes a member without one for an
+-- arrival number, finds no entry for it and fails the event before any
+-- write, where a ':' would have sent it converting the window as its
+-- oldest format (a rolling upgrade runs both versions for a while).
 -- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
 -- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
 -- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
@@ -91,7 +95,7 @@ local function apply()
   -- Its running sum makes the total of any span of the window two lookups
   -- (O(log k)), not a scan of it.
   local function parse(m)
-    local sc, tie, cum, amt, flag, ev, tr = string.match(m, '^(%d+):(%d+):(-?%d+):(%d+):([ar]):([^:]+):(.+)$')
+    local sc, tie, cum, amt, flag, ev, tr = string.match(m, '^(%d+)|(%d+)|(-?%d+)|(%d+)|([ar])|([^|]+)|(.+)$')
     if not sc then
       return nil
     end
@@ -103,7 +107,7 @@ local function apply()
     if e.approved then
       flag = 'a'
     end
-    return string.format('%d:%08d:%d:%d:', e.score, e.tie, e.cum, e.amount) .. flag .. ':' .. e.event .. ':' .. e.transfer
+    return string.format('%d|%08d|%d|%d|', e.score, e.tie, e.cum, e.amount) .. flag .. '|' .. e.event .. '|' .. e.transfer
   end
   local function must(e, m)
     if not e then

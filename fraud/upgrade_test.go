@@ -1,0 +1,80 @@
+package fraud
+
+import (
+	"context"
+	_ "embed"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+// The effect script as it was on 2026-12-03, when a sender's window held
+// arrival numbers with their entries in a hash (testdata).
+//
+//go:embed testdata/effect-2026-12-03.lua
+var effectSrc20261203 string
+
+// A rolling upgrade runs consumers of both versions for a while. One of
+// the previous version that meets a window of the new format fails the
+// event before any write (it finds no entry for the member), so the event
+// stays pending until a consumer of the new version applies it; it does not
+// take the window for an older format and convert it into nonsense. The
+// new version converts what the previous one wrote.
+func TestPreviousVersionRefusesAWindowOfTheNewFormat(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c", Logger: quiet,
+		WindowLimitCents: 100_000}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
+	keys := Keys{Prefix: cfg.KeyPrefix}
+	previous := redis.NewScript(effectSrc20261203)
+	at := time.Now().UTC().Add(-time.Minute)
+	ted := func(cents int64) Event {
+		at = at.Add(time.Second)
+		return Event{EventID: uuid.New(), TransferID: uuid.New(), FromAccount: "ana", ToAccount: "bia",
+			AmountCents: cents, Currency: "BRL", SettledAt: at}
+	}
+	run := func(s *redis.Script, ev Event) (Outcome, error) {
+		out, _, err := effectResult(s.Eval(ctx, rdb.Client, e.effectKeys(keys, ev, uuid.NewString()), e.effectArgs(keys, "", ev)...))
+		return out, err
+	}
+	verdicts := func() int64 { return mustInt(t, rdb.HGet(ctx, keys.Stats(), "verdicts")) }
+
+	// The previous version writes, the new one converts and counts it.
+	if out, err := run(previous, ted(40_000)); err != nil || out != OutcomeApprove {
+		t.Fatalf("previous version, first TED: %v %v", out, err)
+	}
+	if out, err := run(effectScript, ted(40_000)); err != nil || out != OutcomeApprove {
+		t.Fatalf("new version after it: %v %v", out, err)
+	}
+	// The previous version meets the new format: refused, nothing written.
+	third := ted(30_000) // 110,000 in the window: review
+	before, _ := rdb.ZRange(ctx, keys.Window("ana"), 0, -1).Result()
+	if _, err := run(previous, third); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("previous version on a window of the new format: err %v, want it refused (an entry missing)", err)
+	}
+	after, _ := rdb.ZRange(ctx, keys.Window("ana"), 0, -1).Result()
+	if strings.Join(after, " ") != strings.Join(before, " ") || verdicts() != 2 {
+		t.Fatalf("the refused attempt wrote: window %v, was %v; %d verdicts, want 2", after, before, verdicts())
+	}
+	if out, err := run(effectScript, third); err != nil || out != OutcomeReview {
+		t.Fatalf("new version, the refused TED: %v %v, want review (110,000 in the window)", out, err)
+	}
+	if verdicts() != 3 {
+		t.Errorf("%d verdicts, want 3", verdicts())
+	}
+}
+
+func mustInt(t *testing.T, cmd *redis.StringCmd) int64 {
+	t.Helper()
+	n, err := cmd.Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
