@@ -14,7 +14,10 @@ import (
 
 // Defaults for the zero fields of Config.
 const (
-	DefaultBatchSize      = 100
+	DefaultBatchSize = 100
+	// DefaultBacklogFactor: under a backlog a read asks for up to this many
+	// times BatchSize (MaxBatchSize's default).
+	DefaultBacklogFactor  = 5
 	DefaultBlock          = 2 * time.Second
 	DefaultClaimInterval  = 5 * time.Second
 	DefaultClaimMinIdle   = 30 * time.Second
@@ -57,9 +60,18 @@ type Config struct {
 	// members, the <prefix>dlq dead-letter stream, <prefix>stats). Default:
 	// Name + ":".
 	KeyPrefix string
-	// BatchSize is the most entries one read returns: the most messages one
-	// Handle call gets.
+	// BatchSize is how many new entries a read asks for while the consumer
+	// keeps up. A read of new entries that comes back full (a backlog) makes
+	// the next one ask for twice as many, up to MaxBatchSize, and one that
+	// does not brings it back to BatchSize: under a backlog a batch's fixed
+	// costs (a transaction's commit, the round trips) are spread over more
+	// messages, while at a low rate nothing waits for a batch to fill.
+	// Pending entries are retried and claimed BatchSize at a time.
 	BatchSize int
+	// MaxBatchSize is the most entries one read returns: the most messages
+	// one Handle call gets. Default DefaultBacklogFactor × BatchSize (at most
+	// 10,000); set it to BatchSize to keep every batch at BatchSize.
+	MaxBatchSize int
 	// Block bounds one blocking read, and so how long shutdown can take.
 	Block time.Duration
 	// ClaimInterval is how often entries idle for ClaimMinIdle (their
@@ -102,6 +114,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.KeyPrefix = cmp.Or(c.KeyPrefix, c.Name+":")
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxBatchSize = cmp.Or(c.MaxBatchSize, min(DefaultBacklogFactor*c.BatchSize, max(c.BatchSize, 10_000)))
 	c.Block = cmp.Or(c.Block, DefaultBlock)
 	c.ClaimInterval = cmp.Or(c.ClaimInterval, DefaultClaimInterval)
 	c.ClaimMinIdle = cmp.Or(c.ClaimMinIdle, DefaultClaimMinIdle)
@@ -140,6 +153,8 @@ func (c Config) validate() error {
 	switch {
 	case c.BatchSize < 1 || c.BatchSize > 10_000:
 		return fmt.Errorf("batch size %d: must be between 1 and 10000", c.BatchSize)
+	case c.MaxBatchSize < c.BatchSize || c.MaxBatchSize > 10_000:
+		return fmt.Errorf("max batch size %d: must be between the batch size %d and 10000", c.MaxBatchSize, c.BatchSize)
 	case c.Block < time.Millisecond:
 		return fmt.Errorf("block %s: must be at least 1ms (0 would block forever)", c.Block)
 	case c.ClaimInterval <= 0 || c.ClaimMinIdle < time.Millisecond:

@@ -243,6 +243,7 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 	var retryPendingAt time.Time
 	lastClaim := time.Now()
 	failures := 0
+	count := c.cfg.BatchSize // new entries per read (nextCount)
 	for ctx.Err() == nil {
 		var err error
 		switch {
@@ -286,7 +287,9 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			_, err = c.claim(ctx, f, c.cfg.ClaimMinIdle)
 			lastClaim = time.Now()
 		default:
-			_, err = c.readNew(ctx, f)
+			var n int
+			n, err = c.readNew(ctx, f, count)
+			count = c.nextCount(count, n)
 		}
 		if !f.gate.empty() {
 			// Entries wait behind a failed one of their key: they are

@@ -192,7 +192,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	if err := rdb.Set(ctx, pt.keys.Lease("test"), "7|other|token", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.readNew(ctx, feed{part: pt, fence: fence})
+	_, err = c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize)
 	if !errors.Is(err, ErrFenced) {
 		t.Fatalf("applying with a lost lease: %v, want ErrFenced", err)
 	}
@@ -235,7 +235,7 @@ func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, rdb, pt.stream, "second")
-	if _, err := c.readNew(ctx, feed{part: pt, fence: fence}); err != nil {
+	if _, err := c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.effects(); fmt.Sprint(got) != "[first second]" {
@@ -306,6 +306,7 @@ func TestConfigValidate(t *testing.T) {
 		"metric-unsafe": func(c *Config) { c.Name = "Led-ger" },
 		"no stream":     func(c *Config) { c.Stream = "" },
 		"batch":         func(c *Config) { c.BatchSize = 20_000 },
+		"max batch":     func(c *Config) { c.BatchSize, c.MaxBatchSize = 100, 50 },
 		"lease":         func(c *Config) { c.PartitionLease = time.Second; c.Block = 2 * time.Second },
 		"partitions":    func(c *Config) { c.Partitions = 100_000 },
 	} {

@@ -32,7 +32,7 @@ func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 	for range c.parts {
 		streams = append(streams, ">")
 	}
-	return c.read(ctx, streams, func(stream string) feed {
+	return c.read(ctx, streams, c.cfg.BatchSize, func(stream string) feed {
 		for _, pt := range c.parts {
 			if pt.stream == stream {
 				return feed{part: pt, gate: c.gates[pt.n]}
@@ -42,25 +42,36 @@ func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 	})
 }
 
-// readNew blocks up to Config.Block for new entries of f and processes them.
+// readNew blocks up to Config.Block for up to count new entries of f and
+// processes them.
 // A read that comes back empty adopts what another reader left pending in
 // f's partition (adoptEarlier, up to the stream's end): a read of new
 // entries adopts only what is older than them, and when nothing comes after
 // what a fenced reader took, nothing else would before ClaimMinIdle.
-func (c *Consumer) readNew(ctx context.Context, f feed) (int, error) {
-	n, err := c.read(ctx, []string{f.stream, ">"}, func(string) feed { return f })
+func (c *Consumer) readNew(ctx context.Context, f feed, count int) (int, error) {
+	n, err := c.read(ctx, []string{f.stream, ">"}, count, func(string) feed { return f })
 	if n == 0 && err == nil {
 		err = c.adoptEarlier(ctx, f, "")
 	}
 	return n, err
 }
 
-func (c *Consumer) read(ctx context.Context, streams []string, feedOf func(stream string) feed) (int, error) {
+// nextCount is how many new entries the read after one that asked for
+// count and got n asks for: twice as many after a full read (a backlog), up
+// to MaxBatchSize; BatchSize otherwise.
+func (c *Consumer) nextCount(count, n int) int {
+	if n >= count {
+		return min(2*count, c.cfg.MaxBatchSize)
+	}
+	return c.cfg.BatchSize
+}
+
+func (c *Consumer) read(ctx context.Context, streams []string, count int, feedOf func(stream string) feed) (int, error) {
 	res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    c.cfg.Group,
 		Consumer: c.cfg.Consumer,
 		Streams:  streams,
-		Count:    int64(c.cfg.BatchSize),
+		Count:    int64(count),
 		Block:    c.cfg.Block,
 	}).Result()
 	if errors.Is(err, redis.Nil) || isTimeout(err) {

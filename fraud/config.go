@@ -38,8 +38,13 @@ type Config struct {
 	// KeyPrefix prefixes every key the consumer writes: the dedupe markers,
 	// verdicts, totals, stats, and the <prefix>alerts and <prefix>dlq streams.
 	KeyPrefix string
-	// BatchSize is the most entries one read returns.
+	// BatchSize is how many new entries a read asks for while the consumer
+	// keeps up; under a backlog reads grow to MaxBatchSize
+	// (consumer.Config.BatchSize).
 	BatchSize int
+	// MaxBatchSize is the most entries one read returns (default 5 ×
+	// BatchSize; consumer.Config.MaxBatchSize).
+	MaxBatchSize int
 	// Block bounds one blocking read, and so how long shutdown can take.
 	Block time.Duration
 	// ClaimInterval is how often idle entries of other (dead) consumers are
@@ -179,7 +184,7 @@ func (c Config) validate() error {
 func (c Config) engine() consumer.Config {
 	return consumer.Config{
 		Name: "fraud", Stream: c.Stream, Group: c.Group, Consumer: c.Consumer, KeyPrefix: c.KeyPrefix,
-		BatchSize: c.BatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
+		BatchSize: c.BatchSize, MaxBatchSize: c.MaxBatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
 		MaxDeliveries: c.MaxDeliveries, Partitions: c.Partitions, PartitionLease: c.PartitionLease,
 		RelayRedelivery: c.RelayRedelivery, Logger: c.Logger, Metrics: c.Metrics,
 	}

@@ -43,6 +43,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
                                    the consumer's dead letters (see 'outbox fraud dlq -h')`)
 	fs.StringVar(&cfg.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
 	fs.IntVar(&cfg.BatchSize, "batch", fraud.DefaultBatchSize, "entries per read")
+	fs.IntVar(&cfg.MaxBatchSize, "max-batch", 0, "entries per read under a backlog: a full read doubles the next one up to this; equal to --batch, every read stays at --batch (default 5 × --batch, at most 10000)")
 	fs.DurationVar(&cfg.Block, "block", fraud.DefaultBlock, "longest blocking read (bounds shutdown time)")
 	fs.DurationVar(&cfg.ClaimInterval, "claim-interval", fraud.DefaultClaimInterval, "how often to claim entries of dead consumers")
 	fs.DurationVar(&cfg.ClaimMinIdle, "claim-min-idle", fraud.DefaultClaimMinIdle, "idle time after which an entry is claimed")
@@ -76,7 +77,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if cfg.Partitions, err = partitions(); err != nil {
 		return err
 	}
-	if cfg.BatchSize <= 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
+	if cfg.BatchSize <= 0 || cfg.MaxBatchSize < 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
 		cfg.MaxDeliveries <= 0 || cfg.DedupeTTL <= 0 || cfg.AmountLimitCents <= 0 || cfg.WindowLimitCents <= 0 || cfg.Window <= 0 || cfg.Retention <= 0 || cfg.PartitionLease <= 0 {
 		return usagef("every numeric flag and duration must be positive")
 	}

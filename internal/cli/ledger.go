@@ -58,6 +58,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cc.KeyPrefix, "key-prefix", "ledger:", "prefix of the Redis keys the consumer writes (leases, dead letters)")
 	fs.StringVar(&cc.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
 	fs.IntVar(&cc.BatchSize, "batch", consumer.DefaultBatchSize, "entries per read: one transaction each")
+	fs.IntVar(&cc.MaxBatchSize, "max-batch", 0, "entries per read under a backlog: a full read doubles the next one up to this; equal to --batch, every read stays at --batch (default 5 × --batch, at most 10000)")
 	fs.DurationVar(&cc.Block, "block", consumer.DefaultBlock, "longest blocking read (bounds shutdown time)")
 	fs.DurationVar(&cc.ClaimInterval, "claim-interval", consumer.DefaultClaimInterval, "how often to claim entries of dead consumers")
 	fs.DurationVar(&cc.ClaimMinIdle, "claim-min-idle", consumer.DefaultClaimMinIdle, "idle time after which an entry is claimed")
@@ -81,7 +82,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	if cc.Partitions, err = partitions(); err != nil {
 		return err
 	}
-	if cc.BatchSize <= 0 || cc.Block <= 0 || cc.ClaimInterval <= 0 || cc.ClaimMinIdle <= 0 || cc.MaxDeliveries <= 0 ||
+	if cc.BatchSize <= 0 || cc.MaxBatchSize < 0 || cc.Block <= 0 || cc.ClaimInterval <= 0 || cc.ClaimMinIdle <= 0 || cc.MaxDeliveries <= 0 ||
 		cc.PartitionLease <= 0 || cc.RelayRedelivery <= 0 || cfg.Inbox.Retention <= 0 {
 		return usagef("every numeric flag and duration must be positive")
 	}

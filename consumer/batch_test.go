@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+// sizes is a Handler that applies every message and records each batch's
+// size.
+type sizes struct {
+	mu    sync.Mutex
+	seen  []int
+	total int
+}
+
+func (s *sizes) Handle(_ context.Context, b Batch) []Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seen = append(s.seen, len(b.Messages))
+	s.total += len(b.Messages)
+	res := make([]Result, len(b.Messages))
+	for i := range res {
+		res[i].Outcome = Applied
+	}
+	return res
+}
+
+func (s *sizes) snapshot() ([]int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seen), s.total
+}
+
+// Under a backlog each full read makes the next one ask for twice as many
+// entries, up to MaxBatchSize, so that a batch's fixed costs are spread
+// over more messages; once the consumer keeps up, reads are BatchSize
+// again. MaxBatchSize = BatchSize keeps every batch at BatchSize.
+func TestReadsGrowUnderABacklog(t *testing.T) {
+	for _, tc := range []struct {
+		max  int
+		want []int // the batches of the 200-entry backlog
+	}{
+		{40, []int{10, 20, 40, 40, 40, 40, 10}},
+		{10, slices.Repeat([]int{10}, 20)},
+	} {
+		rdb := outboxtest.NewRedis(t)
+		cfg := testConfig(rdb, "c1")
+		cfg.BatchSize, cfg.MaxBatchSize, cfg.Block = 10, tc.max, 50*time.Millisecond
+		h := &sizes{}
+		c := newGroupConsumer(t, rdb, h, cfg)
+		for range 200 {
+			publish(t, rdb, c.parts[0].stream, "a")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		waitFor := func(n int) []int {
+			t.Helper()
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if seen, total := h.snapshot(); total >= n {
+					return seen
+				}
+			}
+			seen, total := h.snapshot()
+			t.Fatalf("max %d: %d of %d messages handled, batches %v", tc.max, total, n, seen)
+			return nil
+		}
+		if got := waitFor(200); !slices.Equal(got, tc.want) {
+			t.Errorf("max %d: backlog of 200 handled in batches %v, want %v", tc.max, got, tc.want)
+		}
+		// Keeping up: one entry at a time, each read asks for BatchSize.
+		for i := range 3 {
+			publish(t, rdb, c.parts[0].stream, "a")
+			waitFor(201 + i)
+		}
+		seen, _ := h.snapshot()
+		if tail := seen[len(tc.want):]; !slices.Equal(tail, []int{1, 1, 1}) {
+			t.Errorf("max %d: entries one at a time handled in batches %v, want one each", tc.max, tail)
+		}
+		if n, err := c.rdb.XLen(ctx, c.parts[0].stream).Result(); err != nil || n != 203 {
+			t.Fatalf("stream length %d (%v)", n, err)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+}
