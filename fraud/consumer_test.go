@@ -96,6 +96,25 @@ func TestVelocityRule(t *testing.T) {
 	}
 }
 
+// windowConsumer returns a consumer c1 of its own stream and keys with a
+// R$ 10.000 amount limit and a R$ 1.000 window limit over an hour, its group
+// created.
+func windowConsumer(t *testing.T, rdb outboxtest.Redis) (c *Consumer, stream string, keys Keys) {
+	t.Helper()
+	stream, keys = rdb.Prefix+"outbox.event.transfer", Keys{Prefix: rdb.Prefix + "fraud:"}
+	c, err := New(rdb.Client, Config{
+		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
+		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureGroup(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c, stream, keys
+}
+
 // TEDs settled at one instant (a payroll in one transaction) share one
 // window total, that of the instant: the TED that takes it over the limit
 // goes to review and sends the instant's earlier ones there too, and each
@@ -107,18 +126,7 @@ func TestVelocityRule(t *testing.T) {
 func TestTransfersOfOneInstantShareItsTotal(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	stream := rdb.Prefix + "outbox.event.transfer"
-	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
-	c, err := New(rdb.Client, Config{
-		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
-		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureGroup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, stream, keys := windowConsumer(t, rdb)
 	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Millisecond)
 	var ids []uuid.UUID
 	for range 8 { // R$ 150 each: 105k with the seventh, 120k with the eighth
@@ -353,18 +361,7 @@ func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
 func testWindowConversion(t *testing.T, numbered bool) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	stream := rdb.Prefix + "outbox.event.transfer"
-	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
-	c, err := New(rdb.Client, Config{
-		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
-		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureGroup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, stream, keys := windowConsumer(t, rdb)
 	base := time.Now().UTC().Add(-2 * time.Hour)
 	var earlier []string // transfer ids
 	for i, at := range []time.Time{base, base.Add(20 * time.Minute)} {
@@ -403,7 +400,10 @@ func testWindowConversion(t *testing.T, numbered bool) {
 		{"the next", next.String(), "review", true},
 		{"the late arrival", late.String(), "approve", true},
 	} {
-		var got string
+		var (
+			got string
+			err error
+		)
 		if tc.event {
 			got, err = Verdict(ctx, rdb.Client, keys, tc.id)
 		} else {
