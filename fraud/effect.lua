@@ -168,17 +168,22 @@ local function apply()
     zadd(new)
   end
 
-  local last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
-  if #last > 0 and not parse(last[1]) then
-    convert()
-    last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
-  end
   -- The window's newest transfer (where an in-order arrival goes, and the
   -- last of its window) and its oldest (the first of an in-order arrival's
   -- window, as a rule, and what the trim below looks at).
+  local last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
   local newestE, oldestE
   if #last > 0 then
-    newestE = must(parse(last[1]), last[1])
+    newestE = parse(last[1])
+  end
+  if #last > 0 and not newestE then
+    convert()
+    last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
+    if #last > 0 then
+      newestE = must(parse(last[1]), last[1])
+    end
+  end
+  if newestE then
     local head = redis.call('ZRANGE', KEYS[6], '0', '0')
     oldestE = must(parse(head[1]), head[1])
   end
