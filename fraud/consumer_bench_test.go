@@ -35,25 +35,38 @@ func benchEvents(n, accounts int) []Event {
 	return evs
 }
 
-// runEffects applies evs in one pipeline of the effect script, as Handle
-// sends it (without ownership), and returns their outcomes.
+// runEffects applies evs as Handle sends them (without ownership): calls of
+// effectsPerCall events in one pipeline; it returns their outcomes.
 func runEffects(ctx context.Context, b *testing.B, rdb *redis.Client, e *effects, keys Keys, evs []Event) []Outcome {
-	cmds := make([]*redis.Cmd, len(evs))
+	now := time.Now()
+	var calls []*effectCall
+	for i, ev := range evs {
+		if i%effectsPerCall == 0 {
+			calls = append(calls, e.newEffectCall(keys, "bench", "", now))
+		}
+		calls[len(calls)-1].add(keys, ev, i, false, e.cfg.Retention, now)
+	}
+	cmds := make([]*redis.Cmd, len(calls))
 	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, ev := range evs {
-			cmds[i] = effectScript.EvalSha(ctx, p, e.effectKeys(keys, ev, "bench"), e.effectArgs(keys, "", ev)...)
+		for i, c := range calls {
+			cmds[i] = effectScript.EvalSha(ctx, p, c.keys, c.args...)
 		}
 		return nil
 	}); err != nil {
 		b.Fatal(err)
 	}
-	outs := make([]Outcome, len(cmds))
+	var outs []Outcome
 	for i, cmd := range cmds {
-		out, _, err := effectResult(cmd)
+		out, err := effectResults(cmd, len(calls[i].msgs))
 		if err != nil {
 			b.Fatal(err)
 		}
-		outs[i] = out
+		for _, o := range out {
+			if o.err != nil {
+				b.Fatal(o.err)
+			}
+			outs = append(outs, o.outcome)
+		}
 	}
 	return outs
 }

@@ -1,7 +1,14 @@
--- Apply one transfer.settled event exactly once: check the dedupe marker,
--- compute the verdict, then write the effect AND the marker. A Lua script runs
--- atomically, so a crash can leave either everything or nothing; all checks
--- come before the first write because scripts do not roll back.
+-- Apply the effects of a run of transfer.settled events, each exactly once:
+-- for each event, check its dedupe marker, compute the verdict, then write
+-- the effect AND the marker. A Lua script runs atomically, so a crash leaves
+-- either the whole call or none of it; an event's checks all come before its
+-- first write, because scripts do not roll back: an event that fails, fails
+-- whole, and the call goes on with the next one.
+--
+-- One call applies several events (Handle sends a batch's events in calls of
+-- up to effectsPerCall): what is the same for all of them (the fence, the
+-- gate, the types of the shared keys, the counters) is checked or written
+-- once per call, not once per event.
 --
 -- Every key it writes has a bounded life (docs/operations.md, "Redis memory"):
 -- the marker lives the dedupe TTL; the verdict and the day's totals live until
@@ -10,55 +17,66 @@
 -- sender's window lives the dedupe TTL plus two windows after its last write;
 -- the alerts stream keeps the retention; the days index is trimmed with it.
 --
--- KEYS[1] dedupe marker         KEYS[2] verdict (per transfer)
--- KEYS[3] sender's day totals   KEYS[4] day's senders set
--- KEYS[5] days index zset       KEYS[6] sender window zset (below)
--- KEYS[7] stats hash            KEYS[8] alerts stream
--- KEYS[9] the partition's lease (ownership.go)
--- KEYS[10] the sender's approved set and KEYS[13] its window entries hash:
---          the window's state before 2026-12-04, read only to convert it
--- KEYS[11] the audit stream (Config.AuditLen): the effects in the order applied
--- KEYS[12] the batch's gate (a hash, one per pipeline: its senders whose
---          event failed in it; written only on a failure)
+-- The call's keys:
+-- KEYS[1] days index zset       KEYS[2] stats hash
+-- KEYS[3] alerts stream         KEYS[4] the partition's lease (ownership.go)
+-- KEYS[5] the audit stream (Config.AuditLen): the effects in the order applied
+-- KEYS[6] the batch's gate (a hash, one per batch: its senders whose event
+--         failed in it; written only on a failure)
+-- then 7 per event, from KEYS[6 + 7(j-1) + 1] for the j-th:
+--   +1 dedupe marker            +2 verdict (per transfer)
+--   +3 sender's day totals      +4 day's senders set
+--   +5 sender window zset (below)
+--   +6 the sender's approved set and +7 its window entries hash: the
+--      window's state before 2026-12-04, read only to convert it
 --
--- The sender's window (KEYS[6]) is one sorted set: each of its recent
--- transfers is a member 'at|tie|cum|amount|flag|event_id|transfer_id'
--- scored by at, its settled_at (ms; in the member too, so that reads need
--- no WITHSCORES, whose doubles Redis formats with printf). tie numbers the
--- transfers settled at the same instant in their order of arrival (8
--- digits, so that members of one score sort by it); cum is the running sum
--- of the amounts of the window's transfers up to this one, in the window's
--- order (by settled_at, then arrival); flag is 'a' while the transfer is approved (the only ones a
--- late arrival can still send to review), 'r' otherwise. No ':' in it: a
--- consumer of the previous version takes a member without one for an
--- arrival number, finds no entry for it and fails the event before any
--- write, where a ':' would have sent it converting the window as its
--- oldest format (a rolling upgrade runs both versions for a while).
--- ARGV[1] marker TTL (s)        ARGV[2] event_id           ARGV[3] transfer_id
--- ARGV[4] from_account          ARGV[5] amount_cents       ARGV[6] settled_at (ms)
--- ARGV[7] window (ms)           ARGV[8] amount limit       ARGV[9] window limit
--- ARGV[10] to_account           ARGV[11] currency
--- ARGV[12] when the verdict and day keys expire (unix ms; 0: the settlement
---          day is already past the retention, keep neither)
--- ARGV[13] day (YYYY-MM-DD)     ARGV[14] day number (days since the epoch)
--- ARGV[15] oldest day number the index keeps
--- ARGV[16] window key TTL (ms)  ARGV[17] alerts kept from this id on (ms)
--- ARGV[18] verdict key prefix (the verdicts of later transfers this one may
---          send to review are at ARGV[18] .. transfer_id)
--- ARGV[19] the lease value the consumer holds (its fencing token); empty
---          when the consumer applies events without owning the partition
---          (its single steps, for tests and tools)
--- ARGV[20] how many entries the audit stream keeps, about (0: no audit)
--- ARGV[21] '1' when the event's marker was found under an earlier number of
---          partitions (layouts.go): a duplicate, counted as one
--- Per-key order within a pipeline: a batch's calls run one after another and
--- none can stop the next, so an error that struck one call of a sender and
--- cleared before its next (a key fixed, memory freed) would let the later
--- event take effect first. A failing call records its sender in the batch's
--- gate; the sender's later calls in the batch find it and are held (HELD),
--- to be applied again after the failed one, in order.
--- Returns {outcome, revised}: outcome 0 for a duplicate, 1 for approve,
--- 2 for review; revised, how many later transfers it sent to review.
+-- The call's arguments:
+-- ARGV[1] marker TTL (s)        ARGV[2] window (ms)
+-- ARGV[3] amount limit          ARGV[4] window limit
+-- ARGV[5] oldest day number the index keeps
+-- ARGV[6] window key TTL (ms)   ARGV[7] alerts kept from this id on (ms)
+-- ARGV[8] verdict key prefix (the verdicts of later transfers an event may
+--         send to review are at ARGV[8] .. transfer_id)
+-- ARGV[9] the lease value the consumer holds (its fencing token); empty
+--         when the consumer applies events without owning the partition
+--         (its single steps, for tests and tools)
+-- ARGV[10] how many entries the audit stream keeps, about (0: no audit)
+-- then 11 per event, from ARGV[10 + 11(j-1) + 1] for the j-th:
+--   +1 event_id                 +2 transfer_id
+--   +3 from_account             +4 amount_cents
+--   +5 settled_at (ms)          +6 to_account
+--   +7 currency
+--   +8 when the verdict and day keys expire (unix ms; 0: the settlement
+--      day is already past the retention, keep neither)
+--   +9 day (YYYY-MM-DD)         +10 day number (days since the epoch)
+--   +11 '1' when the event's marker was found under an earlier number of
+--       partitions (layouts.go): a duplicate, counted as one
+--
+-- The sender's window is one sorted set: each of its recent transfers is a
+-- member 'at|tie|cum|amount|flag|event_id|transfer_id' scored by at, its
+-- settled_at (ms; in the member too, so that reads need no WITHSCORES,
+-- whose doubles Redis formats with printf). tie numbers the transfers
+-- settled at the same instant in their order of arrival (8 digits, so that
+-- members of one score sort by it); cum is the running sum of the amounts
+-- of the window's transfers up to this one, in the window's order (by
+-- settled_at, then arrival); flag is 'a' while the transfer is approved
+-- (the only ones a late arrival can still send to review), 'r' otherwise.
+-- No ':' in it: a consumer of the version before 2026-12-04 takes a member
+-- without one for an arrival number, finds no entry for it and fails the
+-- event before any write, where a ':' would have sent it converting the
+-- window as its oldest format (a rolling upgrade runs both for a while).
+--
+-- Per-key order: a batch's events run one after another and none can stop
+-- the next, so an error that struck one event of a sender and not its next
+-- (a key fixed, memory freed) would let the later event take effect first.
+-- A failing event records its sender in the batch's gate; the sender's later
+-- events in the batch (in this call or a later one of the batch) find it
+-- and are held (HELD), to be applied again after the failed one, in order.
+--
+-- Returns one element per event: {outcome, revised} (outcome 0 for a
+-- duplicate, 1 for approve, 2 for review; revised, how many later transfers
+-- it sent to review), or the event's error. A call whose lease is lost
+-- fails whole (FENCED) and writes nothing.
 --
 -- Arrival order does not change the verdicts. A transfer is judged over the
 -- sender's transfers settled in the window before it that have arrived. One
@@ -68,66 +86,123 @@
 -- Totals only grow as transfers arrive, so a verdict only ever moves from
 -- approve to review, and once every transfer has arrived each verdict is the
 -- one settled order gives.
+local nKeys, nArgs = 7, 11
+local events = (#ARGV - 10) / nArgs
+if events ~= math.floor(events) or #KEYS ~= 6 + nKeys * events then
+  return redis.error_reply('ERR effect script called with ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+
 -- Fencing: only the partition's owner applies its events. A consumer whose
 -- lease expired or moved (it stalled, or the group rebalanced) is refused,
 -- however late its command arrives; nothing is written.
-if redis.call('HEXISTS', KEYS[12], ARGV[4]) == 1 then
-  return redis.error_reply('HELD an earlier event of sender ' .. ARGV[4] .. ' failed in this batch')
+if ARGV[9] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[9] then
+  return redis.error_reply('FENCED partition lease ' .. KEYS[4] .. ' is no longer held by this consumer')
 end
 
-local function apply()
-  if ARGV[19] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[19] then
-    return redis.error_reply('FENCED partition lease ' .. KEYS[9] .. ' is no longer held by this consumer')
-  end
+local daysKey, statsKey, alertsKey, auditKey, gateKey = KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[6]
+local window = tonumber(ARGV[2])
+local amountLimit = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local audit = tonumber(ARGV[10])
 
-  if ARGV[21] == '1' or redis.call('EXISTS', KEYS[1]) == 1 then
-    redis.call('HINCRBY', KEYS[7], 'duplicates_skipped', '1')
+-- The senders held in this batch: those of the gate, and those that fail
+-- in this call.
+local held = {}
+for _, s in ipairs(redis.call('HKEYS', gateKey)) do
+  held[s] = true
+end
+
+-- What the call writes once: the counters, the day totals, the windows'
+-- expiry; and what it learned once: the types of the keys it checked, the
+-- day senders and days it added.
+local stats = {verdicts = 0, reviews = 0, duplicates_skipped = 0}
+local dayTotals, dayOrder = {}, {}
+local windows, windowOrder = {}, {}
+local types, added = {}, {}
+
+-- A member of the window, parsed (nil: not of this format), and back.
+-- Its running sum makes the total of any span of the window two lookups
+-- (O(log k)), not a scan of it.
+local function parse(m)
+  local sc, tie, cum, amt, flag, ev, tr = string.match(m, '^(%d+)|(%d+)|(-?%d+)|(%d+)|([ar])|([^|]+)|(.+)$')
+  if not sc then
+    return nil
+  end
+  return {m = m, score = tonumber(sc), tie = tonumber(tie), cum = tonumber(cum), amount = tonumber(amt),
+    approved = flag == 'a', event = ev, transfer = tr}
+end
+local function member(e)
+  local flag = 'r'
+  if e.approved then
+    flag = 'a'
+  end
+  return string.format('%d|%08d|%d|%d|', e.score, e.tie, e.cum, e.amount) .. flag .. '|' .. e.event .. '|' .. e.transfer
+end
+-- Score bounds as arguments: integers formatted as such (a number
+-- argument is formatted with %.17g).
+local function above(v)
+  return string.format('(%d', v)
+end
+local function upto(v)
+  return string.format('%d', v)
+end
+-- ZADD of score/member pairs, in chunks (unpack has a limit).
+local function zadd(key, pairs)
+  for i = 1, #pairs, 1000 do
+    redis.call('ZADD', key, unpack(pairs, i, math.min(i + 999, #pairs)))
+  end
+end
+-- A key's type is what this event may write to it, or none; each key is
+-- asked once per call (the call's own writes keep the right types).
+local function wrongType(key, want)
+  local t = types[key]
+  if not t then
+    t = redis.call('TYPE', key).ok
+    types[key] = t
+  end
+  if t ~= 'none' and t ~= want then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' is a ' .. t .. ', want ' .. want)
+  end
+  return nil
+end
+
+-- The j-th event's effect; an error reply (or a raised error) fails it
+-- whole, before its first write.
+local function apply(j)
+  local kb, ab = 6 + nKeys * (j - 1), 10 + nArgs * (j - 1)
+  local seenKey, verdictKey, dayKey, daySendersKey, windowKey = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], KEYS[kb + 5]
+  local eventID, transferID, from = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3]
+  local amountArg, atArg = ARGV[ab + 4], ARGV[ab + 5]
+  local expireAtArg, day, dayNo = ARGV[ab + 8], ARGV[ab + 9], ARGV[ab + 10]
+
+  if ARGV[ab + 11] == '1' or redis.call('EXISTS', seenKey) == 1 then
+    local bad = wrongType(statsKey, 'hash') -- where it is counted
+    if bad then
+      return bad
+    end
+    stats.duplicates_skipped = stats.duplicates_skipped + 1
     return {0, 0}
   end
 
-  local amount = tonumber(ARGV[5])
-  local at = tonumber(ARGV[6])
-  local window = tonumber(ARGV[7])
-  local expireAt = tonumber(ARGV[12])
-  local limit = tonumber(ARGV[9])
+  local amount = tonumber(amountArg)
+  local at = tonumber(atArg)
+  local expireAt = tonumber(expireAtArg)
 
-  -- A member of the window, parsed (nil: not of this format), and back.
-  -- Its running sum makes the total of any span of the window two lookups
-  -- (O(log k)), not a scan of it.
-  local function parse(m)
-    local sc, tie, cum, amt, flag, ev, tr = string.match(m, '^(%d+)|(%d+)|(-?%d+)|(%d+)|([ar])|([^|]+)|(.+)$')
-    if not sc then
-      return nil
-    end
-    return {m = m, score = tonumber(sc), tie = tonumber(tie), cum = tonumber(cum), amount = tonumber(amt),
-      approved = flag == 'a', event = ev, transfer = tr}
-  end
-  local function member(e)
-    local flag = 'r'
-    if e.approved then
-      flag = 'a'
-    end
-    return string.format('%d|%08d|%d|%d|', e.score, e.tie, e.cum, e.amount) .. flag .. '|' .. e.event .. '|' .. e.transfer
-  end
   local function must(e, m)
     if not e then
-      error('window member ' .. tostring(m) .. ' of sender ' .. ARGV[4] .. ' is of no known format (' .. KEYS[6] .. ')')
+      error('window member ' .. tostring(m) .. ' of sender ' .. from .. ' is of no known format (' .. windowKey .. ')')
     end
     return e
   end
-  -- ZADD of score/member pairs, in chunks (unpack has a limit).
-  local function zadd(pairs)
-    for i = 1, #pairs, 1000 do
-      redis.call('ZADD', KEYS[6], unpack(pairs, i, math.min(i + 999, #pairs)))
-    end
-  end
   -- Windows of the earlier formats are converted once: numbered members
-  -- with their entries in KEYS[13] and the approved ones in KEYS[10] (until
-  -- 2026-12-04), or 'amount:event:transfer' members (before that).
+  -- with their entries in the entries hash and the approved ones in the
+  -- approved set (until 2026-12-04), or 'amount:event:transfer' members
+  -- (before that).
   local function convert()
-    local old = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+    local approvedKey, entriesKey = KEYS[kb + 6], KEYS[kb + 7]
+    local old = redis.call('ZRANGE', windowKey, 0, -1, 'WITHSCORES')
     local approved = {}
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do
+    for _, m in ipairs(redis.call('ZRANGE', approvedKey, 0, -1)) do
       approved[m] = true
     end
     local numbered = not string.find(old[1], ':', 1, true)
@@ -135,13 +210,13 @@ local function apply()
     for i = 1, #old, 2 do
       local e
       if numbered then
-        local v = redis.call('HGET', KEYS[13], old[i])
+        local v = redis.call('HGET', entriesKey, old[i])
         local c, amt, ev, tr
         if v then
           c, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
         end
         if not c then
-          error('window entry ' .. old[i] .. ' of sender ' .. ARGV[4] .. ' missing (' .. KEYS[13] .. ')')
+          error('window entry ' .. old[i] .. ' of sender ' .. from .. ' missing (' .. entriesKey .. ')')
         end
         e = {cum = tonumber(c), amount = tonumber(amt), event = ev, transfer = tr}
       else
@@ -164,36 +239,28 @@ local function apply()
         table.insert(new, member(e))
       end
     end
-    redis.call('DEL', KEYS[6], KEYS[10], KEYS[13])
-    zadd(new)
+    redis.call('DEL', windowKey, approvedKey, entriesKey)
+    zadd(windowKey, new)
   end
 
   -- The window's newest transfer (where an in-order arrival goes, and the
   -- last of its window) and its oldest (the first of an in-order arrival's
   -- window, as a rule, and what the trim below looks at).
-  local last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
+  local last = redis.call('ZREVRANGE', windowKey, '0', '0')
   local newestE, oldestE
   if #last > 0 then
     newestE = parse(last[1])
   end
   if #last > 0 and not newestE then
     convert()
-    last = redis.call('ZREVRANGE', KEYS[6], '0', '0')
+    last = redis.call('ZREVRANGE', windowKey, '0', '0')
     if #last > 0 then
       newestE = must(parse(last[1]), last[1])
     end
   end
   if newestE then
-    local head = redis.call('ZRANGE', KEYS[6], '0', '0')
+    local head = redis.call('ZRANGE', windowKey, '0', '0')
     oldestE = must(parse(head[1]), head[1])
-  end
-  -- Score bounds as arguments: integers formatted as such (a number
-  -- argument is formatted with %.17g).
-  local function above(v)
-    return string.format('(%d', v)
-  end
-  local function upto(v)
-    return string.format('%d', v)
   end
   -- The window's total over (lo, hi], from the running sums of its first
   -- and last transfers there.
@@ -208,7 +275,7 @@ local function apply()
       end
       f = oldestE
     else
-      local r = redis.call('ZRANGEBYSCORE', KEYS[6], above(lo), upto(hi), 'LIMIT', '0', '1')
+      local r = redis.call('ZRANGEBYSCORE', windowKey, above(lo), upto(hi), 'LIMIT', '0', '1')
       if #r == 0 then
         return 0
       end
@@ -216,7 +283,7 @@ local function apply()
     end
     local l = newestE
     if newestE.score > hi then
-      local r = redis.call('ZREVRANGEBYSCORE', KEYS[6], upto(hi), above(lo), 'LIMIT', '0', '1')
+      local r = redis.call('ZREVRANGEBYSCORE', windowKey, upto(hi), above(lo), 'LIMIT', '0', '1')
       l = must(parse(r[1]), r[1])
     end
     return l.cum - f.cum + f.amount
@@ -227,7 +294,7 @@ local function apply()
   local before = total(at - window, at)
   local windowTotal = amount + before
   local verdict, reason = 'approve', ''
-  if amount > tonumber(ARGV[8]) then
+  if amount > amountLimit then
     verdict, reason = 'review', 'amount'
   elseif windowTotal > limit then
     verdict, reason = 'review', 'velocity'
@@ -244,7 +311,7 @@ local function apply()
       tie = newestE.tie + 1
     end
   elseif newestE then
-    local prev = redis.call('ZREVRANGEBYSCORE', KEYS[6], ARGV[6], '-inf', 'LIMIT', '0', '1')
+    local prev = redis.call('ZREVRANGEBYSCORE', windowKey, atArg, '-inf', 'LIMIT', '0', '1')
     if #prev > 0 then
       local e = must(parse(prev[1]), prev[1])
       cumBefore = e.cum
@@ -254,7 +321,7 @@ local function apply()
     else
       cumBefore = oldestE.cum - oldestE.amount
     end
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. ARGV[6], '+inf')) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', windowKey, '(' .. atArg, '+inf')) do
       table.insert(later, must(parse(m), m))
     end
   end
@@ -270,7 +337,7 @@ local function apply()
   -- transfer's amount.
   local revisions = {}
   if windowTotal > limit and before <= limit and newestE and newestE.score >= at then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], ARGV[6], ARGV[6])) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', windowKey, atArg, atArg)) do
       local e = must(parse(m), m)
       if e.approved then
         table.insert(revisions, {e = e, total = windowTotal})
@@ -288,7 +355,7 @@ local function apply()
   -- What revising them takes, read now (a verdict key of the wrong type
   -- fails here, not after the writes): their current verdicts.
   for _, r in ipairs(revisions) do
-    r.current = redis.call('GET', ARGV[18] .. r.e.transfer)
+    r.current = redis.call('GET', ARGV[8] .. r.e.transfer)
   end
 
   local newest, oldest = at, at
@@ -299,39 +366,42 @@ local function apply()
   local trim = oldest < newest - 2 * window -- below, after the window's writes
 
   -- Keys written after the first non-idempotent write (the window's) must
-  -- not fail mid-script: a wrong type would leave half an effect behind.
+  -- not fail mid-call: a wrong type would leave half an effect behind.
   -- Check those this event writes, before any write. The window itself was
   -- read above; the verdicts a revision rewrites too.
-  local audit = tonumber(ARGV[20])
-  local typed = {{KEYS[7], 'hash'}}
-  if expireAt > 0 then
-    table.insert(typed, {KEYS[3], 'hash'})
+  local bad = wrongType(statsKey, 'hash')
+  if not bad and expireAt > 0 then
+    bad = wrongType(dayKey, 'hash')
   end
-  if verdict == 'review' or #revisions > 0 then
-    table.insert(typed, {KEYS[8], 'stream'})
+  if not bad and (verdict == 'review' or #revisions > 0) then
+    bad = wrongType(alertsKey, 'stream')
   end
-  if audit > 0 then
-    table.insert(typed, {KEYS[11], 'stream'})
+  if not bad and audit > 0 then
+    bad = wrongType(auditKey, 'stream')
   end
-  for _, k in ipairs(typed) do
-    local t = redis.call('TYPE', k[1]).ok
-    if t ~= 'none' and t ~= k[2] then
-      return redis.error_reply('WRONGTYPE ' .. k[1] .. ' is a ' .. t .. ', want ' .. k[2])
-    end
+  if bad then
+    return bad
   end
 
   -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
   if expireAt > 0 then
-    redis.call('SET', KEYS[2], verdict, 'PXAT', ARGV[12])
+    redis.call('SET', verdictKey, verdict, 'PXAT', expireAtArg)
     -- The day's senders and the days index change only with a new sender
     -- or day (their expiry and trim too: the same instant for every
     -- transfer of a day, and a new day at least once a day; a --retention
     -- changed in the middle of a day applies to the day keys created after).
-    if redis.call('SADD', KEYS[4], ARGV[4]) == 1 then
-      redis.call('PEXPIREAT', KEYS[4], ARGV[12])
+    local sender = daySendersKey .. '|' .. from
+    if not added[sender] then
+      added[sender] = true
+      if redis.call('SADD', daySendersKey, from) == 1 then
+        redis.call('PEXPIREAT', daySendersKey, expireAtArg)
+      end
     end
-    if redis.call('ZADD', KEYS[5], ARGV[14], ARGV[13]) == 1 then
-      redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. ARGV[15])
+    if not added[day] then
+      added[day] = true
+      if redis.call('ZADD', daysKey, dayNo, day) == 1 then
+        redis.call('ZREMRANGEBYSCORE', daysKey, '-inf', '(' .. ARGV[5])
+      end
     end
   end
   -- The window: the later transfers' running sums and the revised ones'
@@ -352,56 +422,63 @@ local function apply()
     table.insert(new, member(e))
   end
   for i = 1, #gone, 1000 do
-    redis.call('ZREM', KEYS[6], unpack(gone, i, math.min(i + 999, #gone)))
+    redis.call('ZREM', windowKey, unpack(gone, i, math.min(i + 999, #gone)))
   end
-  table.insert(new, ARGV[6])
+  table.insert(new, atArg)
   table.insert(new, member({score = at, tie = tie, cum = cumBefore + amount, amount = amount,
-    approved = verdict == 'approve', event = ARGV[2], transfer = ARGV[3]}))
-  zadd(new)
+    approved = verdict == 'approve', event = eventID, transfer = transferID}))
+  zadd(windowKey, new)
   -- Forget transfers older than the newest one seen minus two windows: events
   -- of one sender can arrive up to a window late and still be judged right.
   if trim then
-    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', above(newest - 2 * window))
+    redis.call('ZREMRANGEBYSCORE', windowKey, '-inf', above(newest - 2 * window))
   end
   -- The running sums only grow while the sender keeps sending: bring them
   -- back near zero long before they leave a double's exact integers.
   local first = {}
   if cumBefore + amount > 2 ^ 48 then
-    first = redis.call('ZRANGE', KEYS[6], '0', '0')
+    first = redis.call('ZRANGE', windowKey, '0', '0')
   end
   if #first > 0 then
     local f = must(parse(first[1]), first[1])
     local base = f.cum - f.amount
     if base > 2 ^ 48 then
       local rebased = {}
-      for _, m in ipairs(redis.call('ZRANGE', KEYS[6], '0', '-1')) do
+      for _, m in ipairs(redis.call('ZRANGE', windowKey, '0', '-1')) do
         local e = must(parse(m), m)
         e.cum = e.cum - base
         table.insert(rebased, upto(e.score))
         table.insert(rebased, member(e))
       end
-      redis.call('DEL', KEYS[6])
-      zadd(rebased)
+      redis.call('DEL', windowKey)
+      zadd(windowKey, rebased)
     end
   end
-  redis.call('PEXPIRE', KEYS[6], ARGV[16])
-  -- Then the counters, which must happen once.
+  if not windows[windowKey] then -- its expiry, at the end of the call
+    windows[windowKey] = true
+    table.insert(windowOrder, windowKey)
+  end
+  -- Then what must happen once: the counters (added up, written at the end
+  -- of the call), the audit entry, the alerts.
   if expireAt > 0 then
-    redis.call('HINCRBY', KEYS[3], 'sent_cents', ARGV[5])
-    if redis.call('HINCRBY', KEYS[3], 'transfers', '1') == 1 then
-      redis.call('PEXPIREAT', KEYS[3], ARGV[12]) -- the same instant for the whole day
+    local d = dayTotals[dayKey]
+    if not d then
+      d = {sent = 0, n = 0, expireAt = expireAtArg}
+      dayTotals[dayKey] = d
+      table.insert(dayOrder, dayKey)
     end
+    d.sent, d.n = d.sent + amount, d.n + 1
   end
-  redis.call('HINCRBY', KEYS[7], 'verdicts', '1')
+  stats.verdicts = stats.verdicts + 1
   if audit > 0 then
-    redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[20], '*',
-      'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4], 'verdict', verdict)
+    redis.call('XADD', auditKey, 'MAXLEN', '~', ARGV[10], '*',
+      'event_id', eventID, 'transfer_id', transferID, 'from_account', from, 'verdict', verdict)
   end
   if verdict == 'review' then
-    redis.call('HINCRBY', KEYS[7], 'reviews', '1')
-    redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-      'event_id', ARGV[2], 'transfer_id', ARGV[3], 'from_account', ARGV[4],
-      'to_account', ARGV[10], 'amount_cents', ARGV[5], 'currency', ARGV[11],
+    stats.reviews = stats.reviews + 1
+    redis.call('XADD', alertsKey, 'MINID', ARGV[7], '*',
+      'event_id', eventID, 'transfer_id', transferID, 'from_account', from,
+      'to_account', ARGV[ab + 6], 'amount_cents', amountArg, 'currency', ARGV[ab + 7],
       'window_total_cents', string.format('%d', windowTotal), 'reason', reason)
   end
   -- Transfers this one pushes over the limit go to review.
@@ -409,32 +486,60 @@ local function apply()
   for _, r in ipairs(revisions) do
     if r.current == 'approve' then
       local e = r.e
-      redis.call('SET', ARGV[18] .. e.transfer, 'review', 'KEEPTTL')
-      redis.call('HINCRBY', KEYS[7], 'reviews', '1')
-      redis.call('XADD', KEYS[8], 'MINID', ARGV[17], '*',
-        'event_id', e.event, 'transfer_id', e.transfer, 'from_account', ARGV[4],
+      redis.call('SET', ARGV[8] .. e.transfer, 'review', 'KEEPTTL')
+      stats.reviews = stats.reviews + 1
+      redis.call('XADD', alertsKey, 'MINID', ARGV[7], '*',
+        'event_id', e.event, 'transfer_id', e.transfer, 'from_account', from,
         'amount_cents', string.format('%d', e.amount), 'window_total_cents', string.format('%d', r.total),
-        'reason', 'velocity', 'revised', '1', 'revised_by', ARGV[2])
+        'reason', 'velocity', 'revised', '1', 'revised_by', eventID)
       revised = revised + 1
     end
   end
-  redis.call('SET', KEYS[1], verdict, 'EX', ARGV[1])
+  redis.call('SET', seenKey, verdict, 'EX', ARGV[1])
   if verdict == 'review' then
     return {2, revised}
   end
   return {1, revised}
 end
 
--- An error is a reply ({err = ...}, returned or raised by a command) or,
--- raised by Lua itself, a string.
-local ok, res = pcall(apply)
-local isError = type(res) == 'table' and res.err ~= nil
-if ok and not isError then
-  return res
+local replies = {}
+for j = 1, events do
+  local from = ARGV[10 + nArgs * (j - 1) + 3]
+  if held[from] then
+    replies[j] = redis.error_reply('HELD an earlier event of sender ' .. from .. ' failed in this batch')
+  else
+    -- An error is a reply ({err = ...}, returned or raised by a command)
+    -- or, raised by Lua itself, a string.
+    local ok, res = pcall(apply, j)
+    local failed = type(res) == 'table' and res.err ~= nil
+    if not ok and not failed then
+      res, failed = redis.error_reply(tostring(res)), true
+    end
+    replies[j] = res
+    if failed then
+      held[from] = true
+      redis.call('HSET', gateKey, from, 1)
+      redis.call('PEXPIRE', gateKey, 60000)
+    end
+  end
 end
-redis.call('HSET', KEYS[12], ARGV[4], 1)
-redis.call('PEXPIRE', KEYS[12], 60000)
-if isError then
-  return res
+
+-- What the call's applied events add up to: their day totals, counters and
+-- windows' expiry. Their keys' types were checked by the events that count
+-- in them, and a write after the call's first cannot fail for memory.
+for _, k in ipairs(dayOrder) do
+  local d = dayTotals[k]
+  redis.call('HINCRBY', k, 'sent_cents', string.format('%d', d.sent))
+  if redis.call('HINCRBY', k, 'transfers', string.format('%d', d.n)) == d.n then
+    redis.call('PEXPIREAT', k, d.expireAt) -- the same instant for the whole day
+  end
 end
-return redis.error_reply(tostring(res))
+for _, k in ipairs(windowOrder) do
+  redis.call('PEXPIRE', k, ARGV[6])
+end
+for _, field in ipairs({'verdicts', 'reviews', 'duplicates_skipped'}) do
+  if stats[field] > 0 then
+    redis.call('HINCRBY', statsKey, field, string.format('%d', stats[field]))
+  end
+end
+return replies

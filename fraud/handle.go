@@ -13,8 +13,9 @@ import (
 	"github.com/tedbank/outbox/partition"
 )
 
-// effects is anti-fraud's consumer.Handler: each event's effect is one call
-// of effect.lua, a batch's calls in one pipeline (consumer.RunScripts).
+// effects is anti-fraud's consumer.Handler: a batch's effects are calls of
+// effect.lua of up to effectsPerCall events each, in one pipeline
+// (consumer.RunScripts).
 type effects struct {
 	cfg     Config
 	rdb     redis.Cmdable
@@ -30,11 +31,9 @@ func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {
 	res := make([]consumer.Result, len(b.Messages))
 	evs := make([]Event, len(b.Messages))
-	calls := make([]consumer.ScriptCall, len(b.Messages))
-	keys := Keys{Prefix: b.Keys.Prefix}
-	var order consumer.Order // a sender's later TEDs wait behind one that fails here
+	ok := make([]bool, len(b.Messages)) // decoded, and in the right partition
+	var order consumer.Order            // a sender's later TEDs wait behind one that fails here
 	// and, in the pipeline, behind one whose script fails (effect.lua's gate)
-	batch := uuid.NewString()
 	for i, m := range b.Messages {
 		if order.Holds(m) {
 			res[i] = consumer.Held(m)
@@ -54,43 +53,56 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			order.Failed(m, res[i].Err)
 			continue
 		}
-		evs[i] = ev
-		calls[i] = consumer.ScriptCall{Script: effectScript, Keys: e.effectKeys(keys, ev, batch), Args: e.effectArgs(keys, b.Fence, ev)}
+		evs[i], ok[i] = ev, true
 	}
 	// An event applied under an earlier number of partitions has its
 	// marker under that layout's prefix (layouts.go).
-	switch seen, err := e.appliedEarlier(ctx, evs); {
-	case err != nil:
-		for i := range calls {
-			if calls[i].Script != nil {
-				calls[i].Script, res[i].Err = nil, err
-			}
-		}
-	default:
-		for i, dup := range seen {
-			if dup && calls[i].Script != nil {
-				// Still through the script: fenced, and counted.
-				calls[i].Args[len(calls[i].Args)-1] = "1"
+	earlier, err := e.appliedEarlier(ctx, evs)
+	if err != nil {
+		for i := range ok {
+			if ok[i] {
+				ok[i], res[i].Err = false, err
 			}
 		}
 	}
-	replies, errs := consumer.RunScripts(ctx, e.rdb, b, calls,
+	keys := Keys{Prefix: b.Keys.Prefix}
+	batch, now := uuid.NewString(), time.Now()
+	var calls []*effectCall
+	for i := range ok {
+		if !ok[i] {
+			continue
+		}
+		if len(calls) == 0 || len(calls[len(calls)-1].msgs) == effectsPerCall {
+			calls = append(calls, e.newEffectCall(keys, batch, b.Fence, now))
+		}
+		calls[len(calls)-1].add(keys, evs[i], i, earlier != nil && earlier[i], e.cfg.Retention, now)
+	}
+	if len(calls) == 0 {
+		return res
+	}
+	scripts := make([]consumer.ScriptCall, len(calls))
+	for c, call := range calls {
+		scripts[c] = consumer.ScriptCall{Script: effectScript, Keys: call.keys, Args: call.args}
+	}
+	replies, errs := consumer.RunScripts(ctx, e.rdb, b, scripts,
 		consumer.Replicas{Min: e.cfg.MinReplicas, Timeout: e.cfg.ReplicaTimeout})
-	for i, call := range calls {
-		if call.Script == nil {
-			continue
+	for c, call := range calls {
+		var out []effectReply
+		err := errs[c]
+		if err == nil {
+			out, err = effectResults(replies[c], len(call.msgs))
 		}
-		if errs[i] != nil {
-			res[i].Err = errs[i]
-			continue
+		for j, i := range call.msgs {
+			switch {
+			case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
+				res[i].Err = err
+			case out[j].err != nil:
+				res[i].Err = out[j].err
+			default:
+				res[i].Outcome = out[j].outcome.String()
+				e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
+			}
 		}
-		outcome, revised, err := effectResult(replies[i])
-		if err != nil {
-			res[i].Err = err
-			continue
-		}
-		res[i].Outcome = outcome.String()
-		e.applied(b.Messages[i], evs[i], outcome, revised)
 	}
 	return res
 }

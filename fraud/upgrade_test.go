@@ -3,6 +3,7 @@ package fraud
 import (
 	"context"
 	_ "embed"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +41,20 @@ func TestPreviousVersionRefusesAWindowOfTheNewFormat(t *testing.T) {
 			AmountCents: cents, Currency: "BRL", SettledAt: at}
 	}
 	run := func(s *redis.Script, ev Event) (Outcome, error) {
-		out, _, err := effectResult(s.Eval(ctx, rdb.Client, e.effectKeys(keys, ev, uuid.NewString()), e.effectArgs(keys, "", ev)...))
-		return out, err
+		if s != previous {
+			call := e.newEffectCall(keys, uuid.NewString(), "", time.Now())
+			call.add(keys, ev, 0, false, cfg.Retention, time.Now())
+			out, err := effectResults(s.Eval(ctx, rdb.Client, call.keys, call.args...), 1)
+			if err != nil {
+				return 0, err
+			}
+			return out[0].outcome, out[0].err
+		}
+		res, err := s.Eval(ctx, rdb.Client, previousKeys(keys, ev, cfg), previousArgs(keys, ev, cfg)...).Int64Slice()
+		if err != nil {
+			return 0, err
+		}
+		return Outcome(res[0]), nil
 	}
 	verdicts := func() int64 { return mustInt(t, rdb.HGet(ctx, keys.Stats(), "verdicts")) }
 
@@ -77,4 +90,31 @@ func mustInt(t *testing.T, cmd *redis.StringCmd) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// previousKeys and previousArgs are the previous version's call: one event's
+// keys and arguments.
+func previousKeys(k Keys, ev Event, cfg Config) []string {
+	day, _ := Day(ev.SettledAt)
+	return []string{
+		k.Seen(ev.EventID.String()), k.Verdict(ev.TransferID.String()),
+		k.DayAccount(day, ev.FromAccount), k.DayAccounts(day), k.Days(),
+		k.Window(ev.FromAccount), k.Stats(), k.Alerts(), k.Lease(cfg.Group), k.Approved(ev.FromAccount),
+		k.Audit(), k.BatchGate(uuid.NewString()), k.WindowEntries(ev.FromAccount),
+	}
+}
+
+func previousArgs(k Keys, ev Event, cfg Config) []any {
+	now := time.Now()
+	day, dayNo := Day(ev.SettledAt)
+	_, oldest := Day(now.Add(-cfg.Retention))
+	ms := func(v int64) string { return strconv.FormatInt(v, 10) }
+	return []any{
+		int64(cfg.DedupeTTL / time.Second), ev.EventID.String(), ev.TransferID.String(), ev.FromAccount,
+		ms(ev.AmountCents), ms(ev.SettledAt.UnixMilli()), ms(cfg.Window.Milliseconds()),
+		ms(cfg.AmountLimitCents), ms(cfg.WindowLimitCents), ev.ToAccount, ev.Currency,
+		ms(DayExpiry(ev.SettledAt, cfg.Retention).UnixMilli()), day, ms(dayNo), ms(oldest - 1),
+		ms((cfg.DedupeTTL + 2*cfg.Window).Milliseconds()), ms(now.Add(-cfg.Retention).UnixMilli()),
+		k.Verdict(""), "", cfg.AuditLen, "0",
+	}
 }
