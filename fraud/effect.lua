@@ -119,6 +119,7 @@ local stats = {verdicts = 0, reviews = 0, duplicates_skipped = 0}
 local dayTotals, dayOrder = {}, {}
 local windows, windowOrder = {}, {}
 local types, added = {}, {}
+local none = {} -- an empty list to iterate
 
 -- A member of the window, parsed (nil: not of this format), and back.
 -- Its running sum makes the total of any span of the window two lookups
@@ -131,12 +132,41 @@ local function parse(m)
   return {m = m, score = tonumber(sc), tie = tonumber(tie), cum = tonumber(cum), amount = tonumber(amt),
     approved = flag == 'a', event = ev, transfer = tr}
 end
-local function member(e)
+-- Only its numbers (score, tie, cum, amount), without a table: what the
+-- usual reads need.
+local function numbers(m)
+  local sc, tie, cum, amt = string.match(m, '^(%d+)|(%d+)|(-?%d+)|(%d+)|[ar]|[^|]+|.')
+  if not sc then
+    return nil
+  end
+  return tonumber(sc), tonumber(tie), tonumber(cum), tonumber(amt)
+end
+local function member(score, tie, cum, amount, approved, event, transfer)
   local flag = 'r'
-  if e.approved then
+  if approved then
     flag = 'a'
   end
-  return string.format('%d|%08d|%d|%d|', e.score, e.tie, e.cum, e.amount) .. flag .. '|' .. e.event .. '|' .. e.transfer
+  return string.format('%d|%08d|%d|%d|%s|%s|%s', score, tie, cum, amount, flag, event, transfer)
+end
+local function remember(e)
+  return member(e.score, e.tie, e.cum, e.amount, e.approved, e.event, e.transfer)
+end
+local function malformed(m, from, key)
+  error('window member ' .. tostring(m) .. ' of sender ' .. from .. ' is of no known format (' .. key .. ')')
+end
+local function full(m, from, key)
+  local e = parse(m)
+  if not e then
+    malformed(m, from, key)
+  end
+  return e
+end
+local function nums(m, from, key)
+  local sc, tie, cum, amt = numbers(m)
+  if not sc then
+    malformed(m, from, key)
+  end
+  return sc, tie, cum, amt
 end
 -- Score bounds as arguments: integers formatted as such (a number
 -- argument is formatted with %.17g).
@@ -166,6 +196,87 @@ local function wrongType(key, want)
   return nil
 end
 
+-- Windows of the earlier formats are converted once: numbered members with
+-- their entries in the entries hash and the approved ones in the approved
+-- set (until 2026-12-04), or 'amount:event:transfer' members (before that).
+local function convert(windowKey, approvedKey, entriesKey, from)
+  local old = redis.call('ZRANGE', windowKey, 0, -1, 'WITHSCORES')
+  local approved = {}
+  for _, m in ipairs(redis.call('ZRANGE', approvedKey, 0, -1)) do
+    approved[m] = true
+  end
+  local numbered = not string.find(old[1], ':', 1, true)
+  local new, cum, prevScore, tie = {}, 0, nil, 0
+  for i = 1, #old, 2 do
+    local e
+    if numbered then
+      local v = redis.call('HGET', entriesKey, old[i])
+      local c, amt, ev, tr
+      if v then
+        c, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
+      end
+      if not c then
+        error('window entry ' .. old[i] .. ' of sender ' .. from .. ' missing (' .. entriesKey .. ')')
+      end
+      e = {cum = tonumber(c), amount = tonumber(amt), event = ev, transfer = tr}
+    else
+      local amt, ev, tr = string.match(old[i], '^(%d+):([^:]+):(.+)$')
+      if amt then
+        cum = cum + tonumber(amt)
+        e = {cum = cum, amount = tonumber(amt), event = ev, transfer = tr}
+      end
+    end
+    if e then
+      local score = tonumber(old[i + 1])
+      if score == prevScore then
+        tie = tie + 1
+      else
+        tie = 0
+      end
+      prevScore = score
+      e.score, e.tie, e.approved = score, tie, approved[old[i]] == true
+      table.insert(new, old[i + 1])
+      table.insert(new, remember(e))
+    end
+  end
+  redis.call('DEL', windowKey, approvedKey, entriesKey)
+  zadd(windowKey, new)
+end
+
+-- The window of the event being applied: its key and sender, whether it
+-- has transfers, and the numbers of its newest (n) and oldest (o).
+local wKey, wFrom, wAny
+local nScore, nTie, nCum, oScore, oCum, oAmt
+
+-- The window's total over (lo, hi], from the running sums of its first
+-- and last transfers there.
+local function total(lo, hi)
+  if not wAny then
+    return 0
+  end
+  local fCum, fAmt
+  if oScore > lo then
+    if oScore > hi then
+      return 0
+    end
+    fCum, fAmt = oCum, oAmt
+  else
+    local r = redis.call('ZRANGEBYSCORE', wKey, above(lo), upto(hi), 'LIMIT', '0', '1')
+    if #r == 0 then
+      return 0
+    end
+    local _, _, c, a = nums(r[1], wFrom, wKey)
+    fCum, fAmt = c, a
+  end
+  local lCum = nCum
+  if nScore > hi then
+    local r = redis.call('ZREVRANGEBYSCORE', wKey, upto(hi), above(lo), 'LIMIT', '0', '1')
+    local _, _, c = nums(r[1], wFrom, wKey)
+    lCum = c
+  end
+  return lCum - fCum + fAmt
+end
+
 -- The j-th event's effect; an error reply (or a raised error) fails it
 -- whole, before its first write.
 local function apply(j)
@@ -188,105 +299,26 @@ local function apply(j)
   local at = tonumber(atArg)
   local expireAt = tonumber(expireAtArg)
 
-  local function must(e, m)
-    if not e then
-      error('window member ' .. tostring(m) .. ' of sender ' .. from .. ' is of no known format (' .. windowKey .. ')')
-    end
-    return e
-  end
-  -- Windows of the earlier formats are converted once: numbered members
-  -- with their entries in the entries hash and the approved ones in the
-  -- approved set (until 2026-12-04), or 'amount:event:transfer' members
-  -- (before that).
-  local function convert()
-    local approvedKey, entriesKey = KEYS[kb + 6], KEYS[kb + 7]
-    local old = redis.call('ZRANGE', windowKey, 0, -1, 'WITHSCORES')
-    local approved = {}
-    for _, m in ipairs(redis.call('ZRANGE', approvedKey, 0, -1)) do
-      approved[m] = true
-    end
-    local numbered = not string.find(old[1], ':', 1, true)
-    local new, cum, prevScore, tie = {}, 0, nil, 0
-    for i = 1, #old, 2 do
-      local e
-      if numbered then
-        local v = redis.call('HGET', entriesKey, old[i])
-        local c, amt, ev, tr
-        if v then
-          c, amt, ev, tr = string.match(v, '^(-?%d+):(%d+):([^:]+):(.+)$')
-        end
-        if not c then
-          error('window entry ' .. old[i] .. ' of sender ' .. from .. ' missing (' .. entriesKey .. ')')
-        end
-        e = {cum = tonumber(c), amount = tonumber(amt), event = ev, transfer = tr}
-      else
-        local amt, ev, tr = string.match(old[i], '^(%d+):([^:]+):(.+)$')
-        if amt then
-          cum = cum + tonumber(amt)
-          e = {cum = cum, amount = tonumber(amt), event = ev, transfer = tr}
-        end
-      end
-      if e then
-        local score = tonumber(old[i + 1])
-        if score == prevScore then
-          tie = tie + 1
-        else
-          tie = 0
-        end
-        prevScore = score
-        e.score, e.tie, e.approved = score, tie, approved[old[i]] == true
-        table.insert(new, old[i + 1])
-        table.insert(new, member(e))
-      end
-    end
-    redis.call('DEL', windowKey, approvedKey, entriesKey)
-    zadd(windowKey, new)
-  end
-
   -- The window's newest transfer (where an in-order arrival goes, and the
   -- last of its window) and its oldest (the first of an in-order arrival's
   -- window, as a rule, and what the trim below looks at).
+  wKey, wFrom, wAny = windowKey, from, false
   local last = redis.call('ZREVRANGE', windowKey, '0', '0')
-  local newestE, oldestE
   if #last > 0 then
-    newestE = parse(last[1])
-  end
-  if #last > 0 and not newestE then
-    convert()
-    last = redis.call('ZREVRANGE', windowKey, '0', '0')
-    if #last > 0 then
-      newestE = must(parse(last[1]), last[1])
+    nScore, nTie, nCum = numbers(last[1])
+    if not nScore then
+      convert(windowKey, KEYS[kb + 6], KEYS[kb + 7], from)
+      last = redis.call('ZREVRANGE', windowKey, '0', '0')
+      if #last > 0 then
+        nScore, nTie, nCum = nums(last[1], from, windowKey)
+      end
     end
+    wAny = #last > 0
   end
-  if newestE then
+  if wAny then
     local head = redis.call('ZRANGE', windowKey, '0', '0')
-    oldestE = must(parse(head[1]), head[1])
-  end
-  -- The window's total over (lo, hi], from the running sums of its first
-  -- and last transfers there.
-  local function total(lo, hi)
-    if not newestE then
-      return 0
-    end
-    local f
-    if oldestE.score > lo then
-      if oldestE.score > hi then
-        return 0
-      end
-      f = oldestE
-    else
-      local r = redis.call('ZRANGEBYSCORE', windowKey, above(lo), upto(hi), 'LIMIT', '0', '1')
-      if #r == 0 then
-        return 0
-      end
-      f = must(parse(r[1]), r[1])
-    end
-    local l = newestE
-    if newestE.score > hi then
-      local r = redis.call('ZREVRANGEBYSCORE', windowKey, upto(hi), above(lo), 'LIMIT', '0', '1')
-      l = must(parse(r[1]), r[1])
-    end
-    return l.cum - f.cum + f.amount
+    local _
+    oScore, _, oCum, oAmt = nums(head[1], from, windowKey)
   end
 
   -- Reads first (an inconsistent window fails here, before any write).
@@ -301,28 +333,29 @@ local function apply(j)
   end
   -- Where it goes: after every transfer settled up to its instant; its
   -- running sum is theirs plus its amount, and every transfer settled after
-  -- it (none when transfers arrive in order, the usual case) has this
-  -- amount added to its own.
+  -- it (none when transfers arrive in order, the usual case: later stays
+  -- nil) has this amount added to its own.
   local cumBefore, tie = 0, 0
-  local later = {}
-  if newestE and newestE.score <= at then
-    cumBefore = newestE.cum -- in order: after the newest
-    if newestE.score == at then
-      tie = newestE.tie + 1
+  local later
+  if wAny and nScore <= at then
+    cumBefore = nCum -- in order: after the newest
+    if nScore == at then
+      tie = nTie + 1
     end
-  elseif newestE then
+  elseif wAny then
     local prev = redis.call('ZREVRANGEBYSCORE', windowKey, atArg, '-inf', 'LIMIT', '0', '1')
     if #prev > 0 then
-      local e = must(parse(prev[1]), prev[1])
-      cumBefore = e.cum
-      if e.score == at then
-        tie = e.tie + 1
+      local sc, t, c = nums(prev[1], from, windowKey)
+      cumBefore = c
+      if sc == at then
+        tie = t + 1
       end
     else
-      cumBefore = oldestE.cum - oldestE.amount
+      cumBefore = oCum - oAmt
     end
+    later = {}
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', windowKey, '(' .. atArg, '+inf')) do
-      table.insert(later, must(parse(m), m))
+      table.insert(later, full(m, from, windowKey))
     end
   end
   -- Approved transfers settled in [at, at + window) that arrived before this
@@ -334,34 +367,36 @@ local function apply(j)
   -- took it over sent them all to review), so the instant is read once,
   -- not at each of its transfers. The ones after it are none at all when
   -- transfers arrive in order. Each later one's total gains this
-  -- transfer's amount.
-  local revisions = {}
-  if windowTotal > limit and before <= limit and newestE and newestE.score >= at then
+  -- transfer's amount. (revisions stays nil when there are none.)
+  local revisions
+  if windowTotal > limit and before <= limit and wAny and nScore >= at then
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', windowKey, atArg, atArg)) do
-      local e = must(parse(m), m)
+      local e = full(m, from, windowKey)
       if e.approved then
+        revisions = revisions or {}
         table.insert(revisions, {e = e, total = windowTotal})
       end
     end
   end
-  for _, e in ipairs(later) do
+  for _, e in ipairs(later or none) do
     if e.approved and e.score < at + window then
       local ltotal = amount + total(e.score - window, e.score)
       if ltotal > limit then
+        revisions = revisions or {}
         table.insert(revisions, {e = e, total = ltotal})
       end
     end
   end
   -- What revising them takes, read now (a verdict key of the wrong type
   -- fails here, not after the writes): their current verdicts.
-  for _, r in ipairs(revisions) do
+  for _, r in ipairs(revisions or none) do
     r.current = redis.call('GET', ARGV[8] .. r.e.transfer)
   end
 
   local newest, oldest = at, at
-  if newestE then
-    newest = math.max(newest, newestE.score)
-    oldest = math.min(oldest, oldestE.score)
+  if wAny then
+    newest = math.max(newest, nScore)
+    oldest = math.min(oldest, oScore)
   end
   local trim = oldest < newest - 2 * window -- below, after the window's writes
 
@@ -373,7 +408,7 @@ local function apply(j)
   if not bad and expireAt > 0 then
     bad = wrongType(dayKey, 'hash')
   end
-  if not bad and (verdict == 'review' or #revisions > 0) then
+  if not bad and (verdict == 'review' or revisions) then
     bad = wrongType(alertsKey, 'stream')
   end
   if not bad and audit > 0 then
@@ -406,28 +441,32 @@ local function apply(j)
   end
   -- The window: the later transfers' running sums and the revised ones'
   -- flags, then this transfer.
-  local changed = {}
-  for _, e in ipairs(later) do
-    e.cum = e.cum + amount
-    changed[e.m] = e
+  local mine = member(at, tie, cumBefore + amount, amount, verdict == 'approve', eventID, transferID)
+  if later or revisions then
+    local changed = {}
+    for _, e in ipairs(later or none) do
+      e.cum = e.cum + amount
+      changed[e.m] = e
+    end
+    for _, r in ipairs(revisions or none) do
+      r.e.approved = false -- sent to review: it can change no more
+      changed[r.e.m] = r.e
+    end
+    local gone, new = {}, {}
+    for m, e in pairs(changed) do
+      table.insert(gone, m)
+      table.insert(new, upto(e.score))
+      table.insert(new, remember(e))
+    end
+    for i = 1, #gone, 1000 do
+      redis.call('ZREM', windowKey, unpack(gone, i, math.min(i + 999, #gone)))
+    end
+    table.insert(new, atArg)
+    table.insert(new, mine)
+    zadd(windowKey, new)
+  else
+    redis.call('ZADD', windowKey, atArg, mine)
   end
-  for _, r in ipairs(revisions) do
-    r.e.approved = false -- sent to review: it can change no more
-    changed[r.e.m] = r.e
-  end
-  local gone, new = {}, {}
-  for m, e in pairs(changed) do
-    table.insert(gone, m)
-    table.insert(new, upto(e.score))
-    table.insert(new, member(e))
-  end
-  for i = 1, #gone, 1000 do
-    redis.call('ZREM', windowKey, unpack(gone, i, math.min(i + 999, #gone)))
-  end
-  table.insert(new, atArg)
-  table.insert(new, member({score = at, tie = tie, cum = cumBefore + amount, amount = amount,
-    approved = verdict == 'approve', event = eventID, transfer = transferID}))
-  zadd(windowKey, new)
   -- Forget transfers older than the newest one seen minus two windows: events
   -- of one sender can arrive up to a window late and still be judged right.
   if trim then
@@ -435,20 +474,17 @@ local function apply(j)
   end
   -- The running sums only grow while the sender keeps sending: bring them
   -- back near zero long before they leave a double's exact integers.
-  local first = {}
   if cumBefore + amount > 2 ^ 48 then
-    first = redis.call('ZRANGE', windowKey, '0', '0')
-  end
-  if #first > 0 then
-    local f = must(parse(first[1]), first[1])
-    local base = f.cum - f.amount
+    local first = redis.call('ZRANGE', windowKey, '0', '0')
+    local _, _, c, a = nums(first[1], from, windowKey)
+    local base = c - a
     if base > 2 ^ 48 then
       local rebased = {}
       for _, m in ipairs(redis.call('ZRANGE', windowKey, '0', '-1')) do
-        local e = must(parse(m), m)
+        local e = full(m, from, windowKey)
         e.cum = e.cum - base
         table.insert(rebased, upto(e.score))
-        table.insert(rebased, member(e))
+        table.insert(rebased, remember(e))
       end
       redis.call('DEL', windowKey)
       zadd(windowKey, rebased)
@@ -483,7 +519,7 @@ local function apply(j)
   end
   -- Transfers this one pushes over the limit go to review.
   local revised = 0
-  for _, r in ipairs(revisions) do
+  for _, r in ipairs(revisions or none) do
     if r.current == 'approve' then
       local e = r.e
       redis.call('SET', ARGV[8] .. e.transfer, 'review', 'KEEPTTL')
