@@ -112,11 +112,9 @@ for _, s in ipairs(redis.call('HKEYS', gateKey)) do
   held[s] = true
 end
 
--- What the call writes once: the counters, the day totals, the windows'
--- expiry; and what it learned once: the types of the keys it checked, the
--- day senders and days it added.
+-- What the call writes once: the counters and the windows' expiry; and
+-- what it learned once: the types of the keys it checked, the days it added.
 local stats = {verdicts = 0, reviews = 0, duplicates_skipped = 0}
-local dayTotals, dayOrder = {}, {}
 local windows, windowOrder = {}, {}
 local types, added = {}, {}
 local none = {} -- an empty list to iterate
@@ -400,13 +398,15 @@ local function apply(j)
   end
   local trim = oldest < newest - 2 * window -- below, after the window's writes
 
-  -- Keys written after the first non-idempotent write (the window's) must
-  -- not fail mid-call: a wrong type would leave half an effect behind.
-  -- Check those this event writes, before any write. The window itself was
-  -- read above; the verdicts a revision rewrites too.
+  -- Every write after the event's first must not fail: a wrong type would
+  -- leave half an effect behind. The first is the day totals' (a wrong type
+  -- there fails the event before anything is written), or, for a transfer
+  -- whose day is past the retention, the window's, which was read above.
+  -- Check the others this event writes, before any write (each key once per
+  -- call); the verdicts a revision rewrites were read above too.
   local bad = wrongType(statsKey, 'hash')
   if not bad and expireAt > 0 then
-    bad = wrongType(dayKey, 'hash')
+    bad = wrongType(daySendersKey, 'set') or wrongType(daysKey, 'zset')
   end
   if not bad and (verdict == 'review' or revisions) then
     bad = wrongType(alertsKey, 'stream')
@@ -418,20 +418,21 @@ local function apply(j)
     return bad
   end
 
-  -- Idempotent writes first: if one fails, a retry repeats them harmlessly.
   if expireAt > 0 then
-    redis.call('SET', verdictKey, verdict, 'PXAT', expireAtArg)
-    -- The day's senders and the days index change only with a new sender
-    -- or day (their expiry and trim too: the same instant for every
-    -- transfer of a day, and a new day at least once a day; a --retention
-    -- changed in the middle of a day applies to the day keys created after).
-    local sender = daySendersKey .. '|' .. from
-    if not added[sender] then
-      added[sender] = true
+    -- The day's totals, then the verdict. The day's senders set gains the
+    -- sender with its first transfer of the day, and the days index its
+    -- day once per call; their expiry and trim go with them (the same
+    -- instant for every transfer of a day, and a new day at least once a
+    -- day; a --retention changed in the middle of a day applies to the day
+    -- keys created after).
+    redis.call('HINCRBY', dayKey, 'sent_cents', amountArg)
+    if redis.call('HINCRBY', dayKey, 'transfers', '1') == 1 then
+      redis.call('PEXPIREAT', dayKey, expireAtArg)
       if redis.call('SADD', daySendersKey, from) == 1 then
         redis.call('PEXPIREAT', daySendersKey, expireAtArg)
       end
     end
+    redis.call('SET', verdictKey, verdict, 'PXAT', expireAtArg)
     if not added[day] then
       added[day] = true
       if redis.call('ZADD', daysKey, dayNo, day) == 1 then
@@ -494,17 +495,8 @@ local function apply(j)
     windows[windowKey] = true
     table.insert(windowOrder, windowKey)
   end
-  -- Then what must happen once: the counters (added up, written at the end
-  -- of the call), the audit entry, the alerts.
-  if expireAt > 0 then
-    local d = dayTotals[dayKey]
-    if not d then
-      d = {sent = 0, n = 0, expireAt = expireAtArg}
-      dayTotals[dayKey] = d
-      table.insert(dayOrder, dayKey)
-    end
-    d.sent, d.n = d.sent + amount, d.n + 1
-  end
+  -- Then the counters (added up, written at the end of the call), the
+  -- audit entry, the alerts.
   stats.verdicts = stats.verdicts + 1
   if audit > 0 then
     redis.call('XADD', auditKey, 'MAXLEN', '~', ARGV[10], '*',
@@ -560,16 +552,9 @@ for j = 1, events do
   end
 end
 
--- What the call's applied events add up to: their day totals, counters and
--- windows' expiry. Their keys' types were checked by the events that count
--- in them, and a write after the call's first cannot fail for memory.
-for _, k in ipairs(dayOrder) do
-  local d = dayTotals[k]
-  redis.call('HINCRBY', k, 'sent_cents', string.format('%d', d.sent))
-  if redis.call('HINCRBY', k, 'transfers', string.format('%d', d.n)) == d.n then
-    redis.call('PEXPIREAT', k, d.expireAt) -- the same instant for the whole day
-  end
-end
+-- What the call's applied events add up to: their counters and windows'
+-- expiry. The stats' type was checked by the events that count in it, and
+-- a write after the call's first cannot fail for memory.
 for _, k in ipairs(windowOrder) do
   redis.call('PEXPIRE', k, ARGV[6])
 end
