@@ -44,7 +44,7 @@ func runEffects(ctx context.Context, b *testing.B, rdb *redis.Client, e *effects
 		if i%effectsPerCall == 0 {
 			calls = append(calls, e.newEffectCall(keys, "bench", "", now))
 		}
-		calls[len(calls)-1].add(keys, ev, i, false, e.cfg.Retention, now)
+		calls[len(calls)-1].add(keys, ev, i, e.cfg.Retention, now)
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {

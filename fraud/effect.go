@@ -56,18 +56,12 @@ func (e *effects) newEffectCall(k Keys, batch, fence string, now time.Time) *eff
 	}
 }
 
-// add appends the effect of ev, the batch's message msg; earlier says its
-// marker was found under an earlier number of partitions (layouts.go): a
-// duplicate, still through the script to be fenced and counted.
-func (c *effectCall) add(k Keys, ev Event, msg int, earlier bool, retention time.Duration, now time.Time) {
+// add appends the effect of ev, the batch's message msg.
+func (c *effectCall) add(k Keys, ev Event, msg int, retention time.Duration, now time.Time) {
 	day, dayNo := Day(ev.SettledAt)
 	expireAt := DayExpiry(ev.SettledAt, retention).UnixMilli()
 	if expireAt <= now.UnixMilli() {
 		expireAt = 0 // settled longer ago than the retention: keep no verdict or totals
-	}
-	dup := "0"
-	if earlier {
-		dup = "1"
 	}
 	from, eventID, transferID := ev.FromAccount, ev.EventID.String(), ev.TransferID.String()
 	c.keys = append(c.keys,
@@ -80,9 +74,23 @@ func (c *effectCall) add(k Keys, ev Event, msg int, earlier bool, retention time
 		ev.ToAccount, ev.Currency,
 		strconv.FormatInt(expireAt, 10),
 		day, strconv.FormatInt(dayNo, 10),
-		dup)
+		"0")
 	c.msgs = append(c.msgs, msg)
 }
+
+// markEarlier says the call's j-th event has its marker under an earlier
+// number of partitions (layouts.go): a duplicate, still through the script
+// to be fenced and counted.
+func (c *effectCall) markEarlier(j int) {
+	c.args[callArgs+eventArgs*(j+1)-1] = "1"
+}
+
+// How effect.lua's arguments and keys are laid out: the call's, then each
+// event's.
+const (
+	callArgs  = 10
+	eventArgs = 11
+)
 
 // effectReply is one event's part of effect.lua's reply.
 type effectReply struct {

@@ -14,8 +14,7 @@ import (
 )
 
 // effects is anti-fraud's consumer.Handler: a batch's effects are calls of
-// effect.lua of up to effectsPerCall events each, in one pipeline
-// (consumer.RunScripts).
+// effect.lua of up to effectsPerCall events each (consumer.RunScripts).
 type effects struct {
 	cfg     Config
 	rdb     redis.Cmdable
@@ -27,13 +26,31 @@ type effects struct {
 // they outlive every redelivery.
 func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 
-// Handle applies the effect of each message of b.
+// Handle applies the effect of each message of b, in order: a call of
+// effect.lua per effectsPerCall messages, one after another, each sent once
+// the one before has replied (so that a sender's failed event in one holds
+// its later ones in the next, through the batch's gate). While Redis runs a
+// call, Handle decodes the messages of the next.
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {
 	res := make([]consumer.Result, len(b.Messages))
 	evs := make([]Event, len(b.Messages))
-	ok := make([]bool, len(b.Messages)) // decoded, and in the right partition
-	var order consumer.Order            // a sender's later TEDs wait behind one that fails here
-	// and, in the pipeline, behind one whose script fails (effect.lua's gate)
+	keys := Keys{Prefix: b.Keys.Prefix}
+	batch, now := uuid.NewString(), time.Now()
+	var (
+		order  consumer.Order // a sender's later TEDs wait behind one that fails here
+		call   *effectCall    // the call being filled
+		flight *effectFlight  // the call Redis is running
+	)
+	send := func() {
+		if flight != nil {
+			e.settle(b, flight, evs, res)
+		}
+		flight = nil
+		if call != nil {
+			flight = e.start(ctx, b, call, evs)
+		}
+		call = nil
+	}
 	for i, m := range b.Messages {
 		if order.Holds(m) {
 			res[i] = consumer.Held(m)
@@ -53,58 +70,78 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			order.Failed(m, res[i].Err)
 			continue
 		}
-		evs[i], ok[i] = ev, true
-	}
-	// An event applied under an earlier number of partitions has its
-	// marker under that layout's prefix (layouts.go).
-	earlier, err := e.appliedEarlier(ctx, evs)
-	if err != nil {
-		for i := range ok {
-			if ok[i] {
-				ok[i], res[i].Err = false, err
-			}
+		evs[i] = ev
+		if call == nil {
+			call = e.newEffectCall(keys, batch, b.Fence, now)
+		}
+		call.add(keys, ev, i, e.cfg.Retention, now)
+		if len(call.msgs) == effectsPerCall {
+			send()
 		}
 	}
-	keys := Keys{Prefix: b.Keys.Prefix}
-	batch, now := uuid.NewString(), time.Now()
-	var calls []*effectCall
-	for i := range ok {
-		if !ok[i] {
-			continue
-		}
-		if len(calls) == 0 || len(calls[len(calls)-1].msgs) == effectsPerCall {
-			calls = append(calls, e.newEffectCall(keys, batch, b.Fence, now))
-		}
-		calls[len(calls)-1].add(keys, evs[i], i, earlier != nil && earlier[i], e.cfg.Retention, now)
-	}
-	if len(calls) == 0 {
-		return res
-	}
-	scripts := make([]consumer.ScriptCall, len(calls))
-	for c, call := range calls {
-		scripts[c] = consumer.ScriptCall{Script: effectScript, Keys: call.keys, Args: call.args}
-	}
-	replies, errs := consumer.RunScripts(ctx, e.rdb, b, scripts,
-		consumer.Replicas{Min: e.cfg.MinReplicas, Timeout: e.cfg.ReplicaTimeout})
-	for c, call := range calls {
-		var out []effectReply
-		err := errs[c]
-		if err == nil {
-			out, err = effectResults(replies[c], len(call.msgs))
-		}
-		for j, i := range call.msgs {
-			switch {
-			case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
-				res[i].Err = err
-			case out[j].err != nil:
-				res[i].Err = out[j].err
-			default:
-				res[i].Outcome = out[j].outcome.String()
-				e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
-			}
-		}
-	}
+	send() // the last call
+	send() // and its reply
 	return res
+}
+
+// effectFlight is a call of effect.lua that Redis runs: done is closed
+// once its reply (or error) is in.
+type effectFlight struct {
+	call  *effectCall
+	done  chan struct{}
+	reply *redis.Cmd
+	err   error
+}
+
+// start runs call on a goroutine of its own; settle waits for it.
+func (e *effects) start(ctx context.Context, b consumer.Batch, call *effectCall, evs []Event) *effectFlight {
+	f := &effectFlight{call: call, done: make(chan struct{})}
+	chunk := make([]Event, len(call.msgs))
+	for j, i := range call.msgs {
+		chunk[j] = evs[i]
+	}
+	go func() {
+		defer close(f.done)
+		// An event applied under an earlier number of partitions has its
+		// marker under that layout's prefix (layouts.go): still through
+		// the script, to be fenced and counted as a duplicate.
+		earlier, err := e.appliedEarlier(ctx, chunk)
+		if err != nil {
+			f.err = err
+			return
+		}
+		for j, dup := range earlier {
+			if dup {
+				call.markEarlier(j)
+			}
+		}
+		replies, errs := consumer.RunScripts(ctx, e.rdb, b,
+			[]consumer.ScriptCall{{Script: effectScript, Keys: call.keys, Args: call.args}},
+			consumer.Replicas{Min: e.cfg.MinReplicas, Timeout: e.cfg.ReplicaTimeout})
+		f.reply, f.err = replies[0], errs[0]
+	}()
+	return f
+}
+
+// settle waits for f and records its events' results in res.
+func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []consumer.Result) {
+	<-f.done
+	var out []effectReply
+	err := f.err
+	if err == nil {
+		out, err = effectResults(f.reply, len(f.call.msgs))
+	}
+	for j, i := range f.call.msgs {
+		switch {
+		case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
+			res[i].Err = err
+		case out[j].err != nil:
+			res[i].Err = out[j].err
+		default:
+			res[i].Outcome = out[j].outcome.String()
+			e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
+		}
+	}
 }
 
 // applied tells the observer and the logs of an effect applied or skipped.

@@ -315,3 +315,61 @@ func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
 		}
 	}
 }
+
+// A batch longer than one call of the effect script runs as several calls,
+// one after another: a sender's event that fails in the first call holds the
+// sender's later events in the next (the batch's gate), while the others'
+// apply; once fixed, the batch applies in order.
+func TestEffectFailingInOneCallHoldsTheSendersEventsInTheNext(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	yesterday := time.Now().Add(-24 * time.Hour)
+	n := effectsPerCall + 20
+	publish(t, rdb, cfg.Stream, "ana", 100, yesterday)
+	for i := 1; i < n-1; i++ {
+		publish(t, rdb, cfg.Stream, fmt.Sprintf("s%03d", i), 100, time.Now())
+	}
+	publish(t, rdb, cfg.Stream, "ana", 200, time.Now()) // in the second call
+	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
+	if err != nil || len(x) != n {
+		t.Fatalf("entries %d (%v), want %d", len(x), err, n)
+	}
+	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
+	for _, entry := range x {
+		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Messages = append(b.Messages, m)
+	}
+	keys := Keys{Prefix: cfg.KeyPrefix}
+	day, _ := Day(yesterday)
+	broken := keys.DayAccount(day, "ana")
+	if err := rdb.Set(ctx, broken, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res := e.Handle(ctx, b)
+	if res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
+		t.Fatalf("ana's first TED: %+v, want WRONGTYPE", res[0])
+	}
+	if last := res[n-1]; last.Err == nil || !strings.Contains(last.Err.Error(), "HELD") {
+		t.Fatalf("ana's TED in the next call: %+v, want held", last)
+	}
+	for i := 1; i < n-1; i++ {
+		if res[i].Err != nil || res[i].Outcome != "approve" {
+			t.Fatalf("TED %d of another sender: %+v, want approve", i, res[i])
+		}
+	}
+	if err := rdb.Del(ctx, broken).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res = e.Handle(ctx, b)
+	if res[0].Outcome != "approve" || res[n-1].Outcome != "approve" || res[1].Outcome != "duplicate" {
+		t.Fatalf("again: ana's %+v and %+v, another's %+v; want approve, approve, duplicate", res[0], res[n-1], res[1])
+	}
+	if rep, _ := ReadReport(ctx, rdb.Client, keys); rep.Verdicts != int64(n) {
+		t.Fatalf("%d verdicts, want %d", rep.Verdicts, n)
+	}
+}

@@ -43,7 +43,7 @@ func TestPreviousVersionRefusesAWindowOfTheNewFormat(t *testing.T) {
 	run := func(s *redis.Script, ev Event) (Outcome, error) {
 		if s != previous {
 			call := e.newEffectCall(keys, uuid.NewString(), "", time.Now())
-			call.add(keys, ev, 0, false, cfg.Retention, time.Now())
+			call.add(keys, ev, 0, cfg.Retention, time.Now())
 			out, err := effectResults(s.Eval(ctx, rdb.Client, call.keys, call.args...), 1)
 			if err != nil {
 				return 0, err
