@@ -386,9 +386,28 @@ local function apply(j)
     end
   end
   -- What revising them takes, read now (a verdict key of the wrong type
-  -- fails here, not after the writes): their current verdicts.
-  for _, r in ipairs(revisions or none) do
-    r.current = redis.call('GET', ARGV[8] .. r.e.transfer)
+  -- fails here, not after the writes): their current verdicts, in one MGET
+  -- per thousand, which answers nil for a key that is missing and for one
+  -- of another type alike: the type of those is asked.
+  if revisions then
+    local names = {}
+    for i, r in ipairs(revisions) do
+      names[i] = ARGV[8] .. r.e.transfer
+    end
+    for i = 1, #names, 1000 do
+      local cur = redis.call('MGET', unpack(names, i, math.min(i + 999, #names)))
+      for k, v in ipairs(cur) do
+        revisions[i + k - 1].current = v
+      end
+    end
+    for i, r in ipairs(revisions) do
+      if not r.current then
+        local t = redis.call('TYPE', names[i]).ok
+        if t ~= 'none' then
+          return redis.error_reply('WRONGTYPE ' .. names[i] .. ' is a ' .. t .. ', want string')
+        end
+      end
+    end
   end
 
   local newest, oldest = at, at
