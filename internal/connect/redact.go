@@ -28,8 +28,41 @@ func RedactSecrets(s string) string {
 	if s == "" {
 		return s
 	}
-	s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
-	s = keyPassword.ReplaceAllStringFunc(s, func(m string) string {
+	// Each shape has a marker that text without credentials seldom holds:
+	// without it, its regular expression (most of what a log line costs
+	// when every attribute goes through here) cannot match and is skipped.
+	if strings.Contains(s, "://") && strings.Contains(s, "@") {
+		s = urlPassword.ReplaceAllString(s, "${1}xxxxx@")
+	}
+	if strings.Contains(s, "=") && containsFold(s, "pass") {
+		s = redactKeyPasswords(s)
+	}
+	if containsFold(s, "auth") {
+		s = authArgs.ReplaceAllString(s, "${1}xxxxx")
+	}
+	return s
+}
+
+// containsFold reports whether s holds sub, an ASCII lower-case word, in
+// any case; text that is not all ASCII may hold it under Unicode's case
+// folding (the regular expressions' (?i)), so it always may.
+func containsFold(s, sub string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return true
+		}
+	}
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// redactKeyPasswords scrubs the values of password= parameters.
+func redactKeyPasswords(s string) string {
+	return keyPassword.ReplaceAllStringFunc(s, func(m string) string {
 		sub := keyPassword.FindStringSubmatch(m)
 		// A bare value that ends the clause of a message ("password=x: ...")
 		// keeps the colon: it is punctuation more likely than password.
@@ -39,8 +72,6 @@ func RedactSecrets(s string) string {
 		}
 		return sub[1] + "xxxxx" + tail
 	})
-	s = authArgs.ReplaceAllString(s, "${1}xxxxx")
-	return s
 }
 
 // passwordsIn returns the passwords written in raw (a URL or a key=value
