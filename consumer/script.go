@@ -20,19 +20,23 @@ import (
 //     redelivery (Config.CheckDedupeWindow).
 //
 // Its keys go under Batch.Keys.Prefix, so that on a Redis Cluster they
-// share the partition stream's hash slot. RunScripts runs a batch's calls
-// in one round trip; package fraud is such a handler.
+// share the partition stream's hash slot. RunScripts runs calls in one
+// round trip; package fraud is such a handler (it sends a batch's calls of
+// up to 100 events one after another).
 //
-// A pipeline cannot stop between its calls, so a script error that struck
-// one call and not a later one of the same key would let the later one take
-// effect first (see Handler; the consumer logs it). A script that can fail
-// for one call only (a key of the wrong type, a check of its own) gates the
-// batch itself, as anti-fraud's effect.lua does: a failing call records its
-// key in a hash named for the batch, and the key's later calls in the batch
-// find it there and refuse. What a handler finds wrong before the pipeline,
-// it holds with an Order.
+// A pipeline (or one call applying several messages) cannot stop between
+// its effects, so a script error that struck one message and not a later
+// one of the same key would let the later one take effect first (see
+// Handler; the consumer logs it). A script that can fail for one message
+// only (a key of the wrong type, a check of its own) gates the batch itself,
+// as anti-fraud's effect.lua does: a failing message records its key in a
+// hash named for the batch, and the key's later messages in the batch find
+// it there and refuse. What a handler finds wrong before the pipeline, it
+// holds with an Order.
 
-// ScriptCall is one script call: one message's effect.
+// ScriptCall is one script call: the effect of one message, or of several
+// (anti-fraud's effect.lua applies up to 100 per call, its reply an array
+// with one element per message, which the handler reads).
 type ScriptCall struct {
 	Script *redis.Script // nil: no call (the message had nothing to apply)
 	Keys   []string
