@@ -30,6 +30,7 @@ func publish(t *testing.T, rdb outboxtest.Redis, stream, from string, cents int6
 	err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{
 		"event_id", id.String(), "event_type", "transfer.settled", "aggregate_type", "transfer",
 		"aggregate_id", tid.String(), "payload", string(p), "headers", "{}", "occurred_at", at.Format(time.RFC3339Nano),
+		"partition_key", from, // as the relay writes it (transfer.Settle: the sender)
 	}}).Err()
 	if err != nil {
 		t.Fatal(err)
@@ -620,4 +621,57 @@ func entryBatches(t *testing.T, rdb outboxtest.Redis, cfg Config, n int) []consu
 		out = append(out, consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group, Messages: []consumer.Message{m}})
 	}
 	return out
+}
+
+// A counter the effect adds to that holds no integer (a hand edit) fails
+// the event whole, before any write that a retry would repeat: the day's
+// transfers (its sent_cents was added first, and is taken back) and the
+// stats (checked before the call's first event).
+func TestEffectOnACounterThatIsNoIntegerLeavesNoHalfEffect(t *testing.T) {
+	ctx := context.Background()
+	now := time.Now().UTC()
+	day, _ := Day(now)
+	for _, tc := range []struct {
+		name  string
+		key   func(Keys) string
+		field string
+	}{
+		{"day transfers", func(k Keys) string { return k.DayAccount(day, "ana") }, "transfers"},
+		{"stats", Keys.Stats, "verdicts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := outboxtest.NewRedis(t)
+			cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+			e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+			keys := Keys{Prefix: cfg.KeyPrefix}
+			publish(t, rdb, cfg.Stream, "ana", 100, now)
+			batches := entryBatches(t, rdb, cfg, 1)
+			broken := tc.key(keys)
+			if err := rdb.HSet(ctx, broken, tc.field, "x", "sent_cents", "5").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if res := e.Handle(ctx, batches[0]); res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "integer") {
+				t.Fatalf("TED with %s %s not an integer: %+v, want it refused", broken, tc.field, res[0])
+			}
+			if n, _ := rdb.ZCard(ctx, keys.Window("ana")).Result(); n != 0 {
+				t.Errorf("ana's window holds %d transfers after the refused TED", n)
+			}
+			if v, _ := rdb.HGet(ctx, broken, "sent_cents").Result(); v != "5" {
+				t.Errorf("%s sent_cents %q after the refused TED, want 5 (untouched)", broken, v)
+			}
+			if err := rdb.Del(ctx, broken).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if res := e.Handle(ctx, batches[0]); res[0].Err != nil || res[0].Outcome != "approve" {
+				t.Fatalf("TED once fixed: %+v, want approve", res[0])
+			}
+			rep, err := ReadReport(ctx, rdb.Client, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Verdicts != 1 || rep.Accounts["ana"].Transfers != 1 || rep.Accounts["ana"].SentCents != 100 {
+				t.Errorf("report %+v, want 1 verdict and ana's 1 transfer of 100", rep)
+			}
+		})
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,9 +44,15 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 	)
 	send := func() {
 		if flight != nil {
-			e.settle(b, flight, evs, res)
+			e.settle(b, flight, evs, res, &order)
 		}
 		flight = nil
+		if call != nil {
+			// The call before may have failed whole (a broken connection,
+			// an error before the script wrote the gate): its senders'
+			// events in this one wait too.
+			call = e.without(call, &order, b, keys, batch, now, evs, res)
+		}
 		if call != nil {
 			flight = e.start(ctx, b, call, evs)
 		}
@@ -123,8 +130,30 @@ func (e *effects) start(ctx context.Context, b consumer.Batch, call *effectCall,
 	return f
 }
 
-// settle waits for f and records its events' results in res.
-func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []consumer.Result) {
+// without returns call without the messages order now holds, each held in
+// res (nil: none left).
+func (e *effects) without(call *effectCall, order *consumer.Order, b consumer.Batch, keys Keys, batch string,
+	now time.Time, evs []Event, res []consumer.Result) *effectCall {
+	if !slices.ContainsFunc(call.msgs, func(i int) bool { return order.Holds(b.Messages[i]) }) {
+		return call
+	}
+	var kept *effectCall
+	for _, i := range call.msgs {
+		if m := b.Messages[i]; order.Holds(m) {
+			res[i] = consumer.Held(m)
+			continue
+		}
+		if kept == nil {
+			kept = e.newEffectCall(keys, batch, b.Fence, now)
+		}
+		kept.add(keys, evs[i], i, e.cfg.Retention, now)
+	}
+	return kept
+}
+
+// settle waits for f and records its events' results in res, and their
+// failures in order.
+func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []consumer.Result, order *consumer.Order) {
 	<-f.done
 	var out []effectReply
 	err := f.err
@@ -135,8 +164,10 @@ func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []c
 		switch {
 		case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
 			res[i].Err = err
+			order.Failed(b.Messages[i], err)
 		case out[j].err != nil:
 			res[i].Err = out[j].err
+			order.Failed(b.Messages[i], out[j].err)
 		default:
 			res[i].Outcome = out[j].outcome.String()
 			e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
