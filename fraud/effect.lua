@@ -105,6 +105,15 @@ local amountLimit = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local audit = tonumber(ARGV[10])
 
+-- The counters it adds to at the end must be integers (or absent): a
+-- field that is not (a hand edit) would fail the call after its events'
+-- writes.
+for _, v in ipairs(redis.pcall('HMGET', statsKey, 'verdicts', 'reviews', 'duplicates_skipped')) do
+  if v and not string.match(v, '^-?%d+$') then
+    return redis.error_reply('ERR stats ' .. statsKey .. ' holds a counter that is not an integer: ' .. v)
+  end
+end
+
 -- The senders held in this batch: those of the gate, and those that fail
 -- in this call.
 local held = {}
@@ -445,7 +454,14 @@ local function apply(j)
     -- day; a --retention changed in the middle of a day applies to the day
     -- keys created after).
     redis.call('HINCRBY', dayKey, 'sent_cents', amountArg)
-    if redis.call('HINCRBY', dayKey, 'transfers', '1') == 1 then
+    local n = redis.pcall('HINCRBY', dayKey, 'transfers', '1')
+    if type(n) == 'table' then
+      -- Its field is no integer (a hand edit): take the first one back,
+      -- so that the event fails whole.
+      redis.call('HINCRBY', dayKey, 'sent_cents', '-' .. amountArg)
+      return n
+    end
+    if n == 1 then
       redis.call('PEXPIREAT', dayKey, expireAtArg)
       if redis.call('SADD', daySendersKey, from) == 1 then
         redis.call('PEXPIREAT', daySendersKey, expireAtArg)
