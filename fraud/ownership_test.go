@@ -272,24 +272,9 @@ func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
 	publish(t, rdb, cfg.Stream, "ana", 200, time.Now())
 	publish(t, rdb, cfg.Stream, "bia", 300, time.Now())
 	publish(t, rdb, cfg.Stream, "ana", 400, time.Now())
-	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
-	if err != nil || len(x) != 4 {
-		t.Fatalf("entries %v (%v)", x, err)
-	}
-	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
-	for _, entry := range x {
-		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Messages = append(b.Messages, m)
-	}
+	b := streamBatch(t, rdb, cfg, 4)
 	keys := Keys{Prefix: cfg.KeyPrefix}
-	day, _ := Day(yesterday)
-	broken := keys.DayAccount(day, "ana")
-	if err := rdb.Set(ctx, broken, "not a hash", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	broken := breakDayTotals(t, rdb, keys, yesterday, "ana")
 	res := e.Handle(ctx, b)
 	if res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
 		t.Fatalf("ana's first TED: %+v, want WRONGTYPE", res[0])
@@ -334,24 +319,9 @@ func TestEffectFailingInOneCallHoldsTheSendersEventsInTheNext(t *testing.T) {
 		publish(t, rdb, cfg.Stream, fmt.Sprintf("s%03d", i), 100, time.Now())
 	}
 	publish(t, rdb, cfg.Stream, "ana", 200, time.Now()) // in the second call
-	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
-	if err != nil || len(x) != n {
-		t.Fatalf("entries %d (%v), want %d", len(x), err, n)
-	}
-	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
-	for _, entry := range x {
-		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Messages = append(b.Messages, m)
-	}
+	b := streamBatch(t, rdb, cfg, n)
 	keys := Keys{Prefix: cfg.KeyPrefix}
-	day, _ := Day(yesterday)
-	broken := keys.DayAccount(day, "ana")
-	if err := rdb.Set(ctx, broken, "not a hash", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
+	broken := breakDayTotals(t, rdb, keys, yesterday, "ana")
 	res := e.Handle(ctx, b)
 	if res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "WRONGTYPE") {
 		t.Fatalf("ana's first TED: %+v, want WRONGTYPE", res[0])
@@ -412,18 +382,7 @@ func TestEffectCallFailingWholeHoldsItsSendersInTheNextCall(t *testing.T) {
 		publish(t, rdb, cfg.Stream, fmt.Sprintf("s%03d", i), 100, time.Now())
 	}
 	publish(t, rdb, cfg.Stream, "ana", 200, time.Now()) // in the second call
-	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
-	if err != nil || len(x) != n {
-		t.Fatalf("entries %d (%v), want %d", len(x), err, n)
-	}
-	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
-	for _, entry := range x {
-		m, err := consumer.DecodeEntry(entry.ID, entry.Values)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.Messages = append(b.Messages, m)
-	}
+	b := streamBatch(t, rdb, cfg, n)
 	res := e.Handle(ctx, b)
 	if res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "injected") {
 		t.Fatalf("ana's first TED: %+v, want the injected error", res[0])
@@ -434,4 +393,27 @@ func TestEffectCallFailingWholeHoldsItsSendersInTheNextCall(t *testing.T) {
 	if r := res[effectsPerCall]; r.Err != nil || r.Outcome != "approve" {
 		t.Fatalf("another sender's TED in the next call: %+v, want approve", r)
 	}
+}
+
+// streamBatch returns one batch of the n entries of cfg's stream, in order,
+// as the consumer hands them to the effect.
+func streamBatch(t *testing.T, rdb outboxtest.Redis, cfg Config, n int) consumer.Batch {
+	t.Helper()
+	b := consumer.Batch{Stream: cfg.Stream, Keys: consumer.Keys{Prefix: cfg.KeyPrefix}, Group: cfg.Group}
+	for _, one := range entryBatches(t, rdb, cfg, n) {
+		b.Messages = append(b.Messages, one.Messages...)
+	}
+	return b
+}
+
+// breakDayTotals gives sender's totals of at's day the wrong type, and
+// returns their key.
+func breakDayTotals(t *testing.T, rdb outboxtest.Redis, keys Keys, at time.Time, sender string) string {
+	t.Helper()
+	day, _ := Day(at)
+	key := keys.DayAccount(day, sender)
+	if err := rdb.Set(context.Background(), key, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return key
 }
