@@ -21,8 +21,8 @@ var (
 // enough to spread what a call checks and writes once (the fence, the gate,
 // the shared keys' types, the counters) over many events, few enough that a
 // call holds Redis for a few milliseconds at most (a script blocks every
-// other client while it runs; a batch's calls are pipelined, and other
-// clients' commands run between them).
+// other client while it runs; other clients' commands run between a batch's
+// calls).
 const effectsPerCall = 100
 
 // effectCall is one call of effect.lua: its keys and arguments, and the

@@ -30,8 +30,9 @@ func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 // Handle applies the effect of each message of b, in order: a call of
 // effect.lua per effectsPerCall messages, one after another, each sent once
 // the one before has replied (so that a sender's failed event in one holds
-// its later ones in the next, through the batch's gate). While Redis runs a
-// call, Handle decodes the messages of the next.
+// its later ones in the next: Handle leaves them out, and the batch's gate
+// refuses them). While Redis runs a call, Handle decodes the messages of the
+// next.
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {
 	res := make([]consumer.Result, len(b.Messages))
 	evs := make([]Event, len(b.Messages))

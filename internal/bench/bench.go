@@ -215,34 +215,9 @@ func (s *space) close() {
 	if s.js != nil {
 		_ = s.js.DeleteStream(ctx, s.natsStream)
 	}
-	if err := s.unlinkKeys(ctx); err != nil {
+	if err := connect.DeleteKeys(ctx, s.rdb, s.prefix+"*"); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: some keys under %s* are left in Redis: %v\n", s.prefix, err)
 	}
-}
-
-// unlinkKeys deletes the space's Redis keys, a pipeline of UNLINKs per
-// thousand: a consume run leaves two keys per event (marker and verdict),
-// which one DEL per round trip did not delete within the old timeout, and a
-// shared Redis kept them for the markers' TTL, slowing later runs.
-func (s *space) unlinkKeys(ctx context.Context) error {
-	keys, err := connect.Keys(ctx, s.rdb, s.prefix+"*")
-	if err != nil {
-		return err
-	}
-	for len(keys) > 0 {
-		chunk := keys[:min(1000, len(keys))]
-		keys = keys[len(chunk):]
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, k := range chunk {
-				p.Unlink(ctx, k)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // backlog counts the rows not yet published (pending or publishing) with the

@@ -126,10 +126,7 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 // cluster.
 func deleteKeys(ctx context.Context, rdb redis.UniversalClient, patterns ...string) {
 	for _, pattern := range patterns {
-		keys, _ := connect.Keys(ctx, rdb, pattern)
-		for _, k := range keys {
-			rdb.Del(ctx, k)
-		}
+		_ = connect.DeleteKeys(ctx, rdb, pattern)
 	}
 }
 

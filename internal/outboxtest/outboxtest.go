@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/migrate"
 	"github.com/tedbank/outbox/internal/testenv"
 	_ "github.com/tedbank/outbox/internal/testenv/containers" // the Docker step
@@ -208,10 +209,7 @@ func NewRedis(t testing.TB) Redis {
 	prefix := "t-" + uuid.NewString()[:8] + ":"
 	t.Cleanup(func() {
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
+		_ = connect.DeleteKeys(ctx, rdb, prefix+"*")
 		_ = rdb.Close()
 	})
 	return Redis{Client: rdb, URL: redisServer.URL, Prefix: prefix}
