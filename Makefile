@@ -26,13 +26,13 @@ demo:
 	fi
 
 # The relay's tests (relay/) and the end-to-end tests (the module root) run
-# twice: with row claims (the default) and with partition leases
-# (relay --ownership partitions).
+# twice: with the default ownership (auto, which leases partitions on the
+# tests' fresh databases) and with row claims (relay --ownership rows).
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
 	$(GO) test -race -count=1 ./...
-	OUTBOX_RELAY_OWNERSHIP=partitions $(GO) test -race -count=1 . ./relay
+	OUTBOX_RELAY_OWNERSHIP=rows $(GO) test -race -count=1 . ./relay
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

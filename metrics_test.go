@@ -135,7 +135,7 @@ func TestMetricsFollowTheOutbox(t *testing.T) {
 		t.Fatalf("listen_connected %v", got)
 	}
 	wantSlots := 0.0 // row claims hold no slot
-	if cfg.Ownership == relay.OwnPartitions {
+	if r.Ownership() == relay.OwnPartitions {
 		wantSlots = 16 // the only relay: every slot
 	}
 	if got := scrape(t, srv.URL, "outbox_relay_partition_slots"); got != wantSlots {

@@ -137,6 +137,7 @@ func TestRetryDeadRequeuesOnlyDeadRowsAndARelayPublishesThem(t *testing.T) {
 	r, err := relay.New(pool, rdb.Client, relay.Config{
 		Name: "r1", StreamPrefix: streamPrefix, PollInterval: time.Hour,
 		MaxAttempts: 1, BackoffBase: time.Hour, BackoffMax: time.Hour,
+		Ownership: relay.OwnRows, // the dead row keeps its claim, which the requeue must clear
 	})
 	if err != nil {
 		t.Fatal(err)

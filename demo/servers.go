@@ -164,9 +164,12 @@ type runningRelay struct {
 }
 
 func (d *demo) startRelay(name string, lease time.Duration) (*runningRelay, error) {
+	// The demo walks the card's path: row claims under a lease, and the
+	// reaper (scenario 2); the default ownership would lease partitions on
+	// the demo's fresh database.
 	rl, err := relay.New(d.Pool, d.viaProxy, relay.Config{
 		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8, Partitions: d.Partitions,
-		Logger: d.Logger,
+		Ownership: relay.OwnRows, Logger: d.Logger,
 		Observer: relay.Hooks{
 			OnClaim:   func(ids []uuid.UUID) { d.tl.markAll(ids, stepClaimed) },
 			OnPublish: func(ids []uuid.UUID) { d.tl.markAll(ids, stepPublished) },

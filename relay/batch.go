@@ -54,6 +54,9 @@ type message = broker.Message
 // With partition leases it first renews them when due (it must not be
 // called while Run runs).
 func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
+	if err := r.resolveOwnership(ctx); err != nil {
+		return BatchResult{}, err
+	}
 	if err := r.own.prepare(ctx); err != nil {
 		return BatchResult{}, err
 	}

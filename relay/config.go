@@ -52,17 +52,26 @@ var (
 
 // Ownership values: how the relays of one database divide the outbox.
 const (
+	// OwnAuto, the default: the ownership of the relays already running on
+	// the database, chosen when Run starts (Relay.Ownership says which):
+	// OwnRows while a relay that claims rows runs there, OwnPartitions
+	// otherwise. So a fleet of relays claiming rows keeps claiming rows
+	// through a rolling upgrade (each new relay follows the ones running),
+	// and comes up with partition leases once every relay has stopped at
+	// the same time.
+	OwnAuto = "auto"
 	// OwnRows: each relay claims rows (FOR UPDATE SKIP LOCKED, status
 	// publishing, a claim token per batch) and the reaper returns claims
 	// whose lease ran out. Relays share every partition key; a per-key
-	// probe in the claim keeps the order. The default.
+	// probe in the claim keeps the order.
 	OwnRows = "rows"
 	// OwnPartitions: each relay leases its share of the partition-key slots
 	// (sql/migrations/0010) and reads its slots' rows without claiming
 	// them: one heap update per event instead of two, no probe. A relay
-	// that dies holds its slots' new events back until its leases run out
-	// (Lease); one that stops gives them back at once. Every relay of a
-	// database must use the same ownership.
+	// that dies loses its slots to the others once its LISTEN backend is
+	// gone, one that stalls when its leases run out (Lease), and one that
+	// stops gives them back at once. Every relay of a database must use the
+	// same ownership.
 	OwnPartitions = "partitions"
 )
 
@@ -75,7 +84,7 @@ type Config struct {
 	Name string
 	// BatchSize is how many rows one claim takes (and one pipeline publishes).
 	BatchSize int
-	// Ownership is OwnRows (default) or OwnPartitions.
+	// Ownership is OwnAuto (default), OwnRows or OwnPartitions.
 	Ownership string
 	// Lease is how long a claim is valid. A row still publishing after the
 	// lease (its relay died or stalled) is returned to pending by the reaper.
@@ -181,7 +190,7 @@ func (c Config) withDefaults() Config {
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.Ownership = cmp.Or(c.Ownership, OwnRows)
+	c.Ownership = cmp.Or(c.Ownership, OwnAuto)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.ReapInterval = cmp.Or(c.ReapInterval, c.Lease/2)
@@ -235,8 +244,8 @@ func (c Config) Validate() error {
 
 func (c Config) validate() error {
 	switch {
-	case c.Ownership != OwnRows && c.Ownership != OwnPartitions:
-		return fmt.Errorf("ownership %q: must be %q or %q", c.Ownership, OwnRows, OwnPartitions)
+	case c.Ownership != OwnAuto && c.Ownership != OwnRows && c.Ownership != OwnPartitions:
+		return fmt.Errorf("ownership %q: must be %q, %q or %q", c.Ownership, OwnAuto, OwnRows, OwnPartitions)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("batch size %d: must be between 1 and %d", c.BatchSize, MaxBatchSize)
 	case c.Lease < time.Millisecond:

@@ -179,7 +179,7 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 		}
 	}
 	released := "last_error LIKE 'released:%'" // row claims give the rows back
-	if cfg.Ownership == relay.OwnPartitions {
+	if r.Ownership() == relay.OwnPartitions {
 		released = "claim_token IS NULL" // partition owners only read them
 	}
 	if n := f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'pending' AND attempts = 0 AND " + released); n != 3 {

@@ -71,7 +71,7 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 		}
 		return fmt.Errorf("%w: this relay's ownership is %q, and a relay of ownership %q runs on this database "+
 			"(both would publish a key's events out of order): run every relay with one --ownership; to switch, stop them all first",
-			ErrMixedOwnership, r.cfg.Ownership, theirs)
+			ErrMixedOwnership, r.Ownership(), theirs)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -52,6 +54,93 @@ func TestRelaysOfBothOwnershipsNeverShareADatabase(t *testing.T) {
 			outboxtest.Eventually(t, 10*time.Second, func() bool { return after.Stats().ListenUp },
 				"once the %s relay stopped, a %s relay never started", first, second)
 		})
+	}
+}
+
+// OwnAuto, the default: a relay follows the ownership of the relays running
+// on its database, and leases partitions where none runs. So a rolling
+// upgrade of relays that claim rows never stops at ErrMixedOwnership.
+func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
+	for _, running := range []string{"", relay.OwnRows, relay.OwnPartitions} {
+		want := cmp.Or(running, relay.OwnPartitions)
+		t.Run("beside "+cmp.Or(running, "no relay"), func(t *testing.T) {
+			f := newFixture(t)
+			if running != "" {
+				c := f.RelayConfig("running")
+				c.Ownership = running
+				r := f.NewRelay(c, nil)
+				f.Run(r.Run)
+				outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the running relay never listened")
+			}
+			cfg := f.RelayConfig("auto")
+			cfg.Ownership = ""
+			auto := f.NewRelay(cfg, nil)
+			if got := auto.Config().Ownership; got != relay.OwnAuto {
+				t.Fatalf("default ownership %q, want %q", got, relay.OwnAuto)
+			}
+			if got := auto.Ownership(); got != "" {
+				t.Fatalf("ownership %q before Run, want none chosen yet", got)
+			}
+			ctx, cancel := context.WithCancel(f.Ctx)
+			done := make(chan error, 1)
+			go func() { done <- auto.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("the auto relay: %v", err)
+				}
+			}()
+			outboxtest.Eventually(t, 10*time.Second, func() bool { return auto.Stats().ListenUp }, "the auto relay never listened")
+			if got := auto.Ownership(); got != want {
+				t.Fatalf("beside %q the auto relay runs %q, want %q", running, got, want)
+			}
+			// It runs on: the check after its LISTEN connection found no
+			// relay of the other ownership.
+			select {
+			case err := <-done:
+				t.Fatalf("the auto relay stopped: %v", err)
+			case <-time.After(500 * time.Millisecond):
+			}
+			if want == relay.OwnRows {
+				if held := f.LeaseHolders()["auto"]; held != 0 {
+					t.Fatalf("the auto relay claims rows and holds %d partition slots", held)
+				}
+				return
+			}
+			// A partition owner takes its share (beside a relay holding
+			// every slot, once that one gave half back).
+			outboxtest.Eventually(t, 15*time.Second, func() bool { return f.LeaseHolders()["auto"] > 0 },
+				"the auto relay leases partitions and holds no slot")
+		})
+	}
+}
+
+// A relay left to choose its ownership waits for a database that does not
+// answer, and returns nil when stopped before it could start.
+func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
+	f := newFixture(t)
+	pcfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(f.Ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cfg := f.RelayConfig("auto")
+	cfg.Ownership = relay.OwnAuto
+	r, err := relay.New(pool, f.Redis.Client, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(f.Ctx, 1500*time.Millisecond)
+	defer cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run stopped while choosing its ownership: %v, want nil", err)
+	}
+	if got := r.Ownership(); got != "" {
+		t.Fatalf("ownership %q chosen without a database", got)
 	}
 }
 

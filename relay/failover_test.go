@@ -43,7 +43,7 @@ func TestBusyWordOfADeadRelayIsTakenBack(t *testing.T) {
 	// The dead relay: its LISTEN connection held the lock of its ownership
 	// and said "busy" as itself; then the connection closed.
 	mode := 1
-	if b.Config().Ownership == relay.OwnPartitions {
+	if b.Ownership() == relay.OwnPartitions {
 		mode = 2
 	}
 	conn, err := pgx.Connect(f.Ctx, f.DBURL)

@@ -9,8 +9,9 @@ import (
 
 // The relay's specifications, on a real PostgreSQL and a real Redis
 // (internal/outboxtest finds or starts them). make test runs them twice:
-// with row claims and, OUTBOX_RELAY_OWNERSHIP=partitions, with partition
-// leases; the tests of one ownership set it themselves. End-to-end tests
+// with the default ownership (auto: partition leases on a fresh database)
+// and, OUTBOX_RELAY_OWNERSHIP=rows, with row claims; the tests of one
+// ownership set it themselves. End-to-end tests
 // with anti-fraud and the outbox binary are at the module root.
 func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.relay.") }
 

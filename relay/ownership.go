@@ -9,14 +9,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox/internal/queries"
+	"github.com/tedbank/outbox/internal/retry"
 )
 
 // ownership is how a relay comes to own the rows it publishes: it claims
 // them (rowClaims, below: Config.Ownership OwnRows) or leases slots of
 // partition keys and reads their rows (partitionLeases, partitions.go:
-// OwnPartitions). It is chosen once, in NewWithBroker; the drain asks it at
-// each step where the two differ, and is otherwise the card's path: claim,
-// publish, mark.
+// OwnPartitions). It is chosen once: in NewWithBroker when the Config names
+// one, else (OwnAuto) when Run starts, by the relays already running
+// (resolveOwnership). The drain asks it at each step where the two differ,
+// and is otherwise the card's path: claim, publish, mark.
 type ownership interface {
 	// lockModes are the advisory lock this ownership holds on the LISTEN
 	// connection and the other ownership's (exclusive.go).
@@ -56,12 +58,67 @@ type ownership interface {
 	leave()
 }
 
-// newOwnership is the ownership cfg chooses.
-func newOwnership(r *Relay) ownership {
-	if r.cfg.Ownership == OwnPartitions {
+// newOwnership is the ownership named (OwnRows or OwnPartitions).
+func newOwnership(r *Relay, name string) ownership {
+	if name == OwnPartitions {
 		return &partitionLeases{r: r, leases: leases{owner: r.cfg.Name}}
 	}
 	return rowClaims{r}
+}
+
+// chooseOwnership sets the relay's ownership: the one its Config names, or
+// for OwnAuto the one resolveOwnership finds (until then, none).
+func (r *Relay) chooseOwnership(name string) {
+	if name == OwnAuto {
+		return
+	}
+	r.own = newOwnership(r, name)
+	r.ownName.Store(&name)
+}
+
+// resolveOwnership chooses, for a relay of OwnAuto, the ownership of the
+// relays running on the database: row claims while a relay that claims
+// rows holds its lock (relay_ownership_other.sql), partition leases
+// otherwise. It runs once, before the relay does anything else, and waits
+// for a database that does not answer yet (ctx's end stops the wait). Two
+// relays that choose at the same moment as a relay of an explicit
+// ownership starts are caught as before: the LISTEN connection's check
+// stops one of them with ErrMixedOwnership.
+func (r *Relay) resolveOwnership(ctx context.Context) error {
+	if r.own != nil {
+		return nil
+	}
+	st := queries.RelayOwnershipOther(1) // no relay claiming rows runs
+	for failures := 1; ; failures++ {
+		var noClaimers bool
+		err := r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(&noClaimers)
+		if err == nil {
+			name := OwnPartitions
+			if !noClaimers {
+				name = OwnRows
+			}
+			r.chooseOwnership(name)
+			r.log.Info("ownership chosen by the relays running", slog.String("ownership", name),
+				slog.Bool("row_claimers_running", !noClaimers))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := retry.Backoff(failures, 100*time.Millisecond, max(r.cfg.PollInterval, time.Second))
+		r.log.Warn("cannot choose the ownership (auto) until the database answers; retrying",
+			slog.Any("error", err), slog.Int("attempt", failures), slog.Duration("retry_in", d))
+		retry.Sleep(ctx, d)
+	}
+}
+
+// Ownership is the ownership the relay runs with, OwnRows or
+// OwnPartitions; "" for a relay of OwnAuto before Run chose it.
+func (r *Relay) Ownership() string {
+	if p := r.ownName.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // rowClaims: each relay claims rows with FOR UPDATE SKIP LOCKED, marking

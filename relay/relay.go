@@ -73,8 +73,10 @@ type Relay struct {
 	streams   map[string]bool // streams published to, for trimming
 
 	// own: how this relay owns what it publishes (ownership.go), chosen
-	// once from Config.Ownership. Owned by drainLoop.
-	own ownership
+	// once from Config.Ownership, or when Run starts for OwnAuto; ownName
+	// names it. Owned by drainLoop.
+	own     ownership
+	ownName atomic.Pointer[string]
 	// slotsFreed: another relay gave partition slots back; renew now.
 	slotsFreed atomic.Bool
 
@@ -201,7 +203,7 @@ func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, err
 		state:  unsure,
 		broker: b,
 	}
-	r.own = newOwnership(r)
+	r.chooseOwnership(cfg.Ownership)
 	return r, nil
 }
 
@@ -238,13 +240,19 @@ func (r *Relay) Stats() Stats {
 // releases) the batch in flight and returns nil. It returns an error only if
 // it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.resolveOwnership(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it started
+		}
+		return err
+	}
 	if err := r.refuseMixedOwnership(ctx); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.stop = cancel
-	r.log.Info("relay starting", slog.String("ownership", r.cfg.Ownership),
+	r.log.Info("relay starting", slog.String("ownership", r.Ownership()),
 		slog.Int("batch", r.cfg.BatchSize), slog.Duration("lease", r.cfg.Lease),
 		slog.Duration("poll", r.cfg.PollInterval), slog.String("channel", r.cfg.Channel))
 

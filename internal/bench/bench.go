@@ -107,7 +107,8 @@ type Env struct {
 	// Partitions is the relays' and consumers' (drain, consume, latency,
 	// sustained); 0 means 1.
 	Partitions int
-	// Ownership is the relays' (relay.Config.Ownership); empty: the default.
+	// Ownership is the relays' (relay.Config.Ownership); empty: the default
+	// (relay.OwnAuto: partition leases on the bench's fresh databases).
 	Ownership string
 	// JS, when set, makes NATS JetStream the broker (drain, consume,
 	// latency, sustained): each scenario publishes to a JetStream stream of

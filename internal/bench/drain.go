@@ -68,7 +68,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 	took := time.Since(start)
 	res := Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
 		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch, "partitions": e.partitions(),
-			"broker": s.broker()}}
+			"broker": s.broker(), "ownership": rs[0].Ownership()}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()

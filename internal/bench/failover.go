@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,7 +120,7 @@ func Failover(ctx context.Context, e Env, rate float64, d time.Duration) (Result
 		return Result{}, errNoEvents
 	}
 	settings := map[string]any{"rate": rate, "duration": d.String(), "relays": 2, "killed_after": killedAt.Sub(start).Round(time.Millisecond).String(),
-		"ownership": cmp.Or(e.Ownership, relay.OwnRows), "lease": relay.DefaultLease.String(), "poll": f.relay.Config().PollInterval.String(),
+		"ownership": f.relay.Ownership(), "lease": relay.DefaultLease.String(), "poll": f.relay.Config().PollInterval.String(),
 		"broker": s.broker(), "partitions": e.partitions()}
 	r := percentiles("failover_commit_to_stream", toStream, took, settings)
 	r.OverOneS = overOneSecond(toStream)

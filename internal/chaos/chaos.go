@@ -63,7 +63,7 @@ type Config struct {
 	// anti-fraud's effects stay in Redis.
 	NATS bool
 	// Ownership is the relays' --ownership (rows or partitions); empty:
-	// the relay's default.
+	// the relay's default (auto: partitions, on the suite's fresh database).
 	Ownership string
 	// Logf receives progress lines.
 	Logf func(format string, args ...any)

@@ -28,7 +28,7 @@ var (
 	redisArgs = flag.String("chaos.redis-args", "", "redis-server arguments instead of the default persistence settings, e.g. '--appendonly no' (to watch the suite fail)")
 	cluster   = flag.Bool("chaos.cluster", false, "run on a local Redis Cluster (3 masters, 3 replicas) with 16 partitions and the cluster's faults")
 	minRepl   = flag.Int("chaos.min-replicas", 1, "with -chaos.cluster: the relays' and consumers' --min-replicas (0 shows the loss it prevents)")
-	ownership = flag.String("chaos.ownership", "", "the relays' --ownership: rows or partitions (default: the relay's, rows)")
+	ownership = flag.String("chaos.ownership", "rows", "the relays' --ownership: rows or partitions (auto, the relay's default, chooses partitions on the suite's fresh database)")
 	onNATS    = flag.Bool("chaos.nats", false, "run the relays and consumers on NATS JetStream (--broker nats) with the server's own faults (nats-kill, nats-restart, blackholes); the effects stay in Redis")
 )
 

@@ -73,7 +73,7 @@ func TestSummaryLine(t *testing.T) {
 	got := res.Summary()
 	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 stranded=1 judged=8 worst_calm_ms=5012 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
 		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1,busy-error:1 restarts=4 probes=0/0 max_recovery=1.5s duration=61s" +
-		" out_of_order=0 mode=single ownership=rows"
+		" out_of_order=0 mode=single ownership=auto"
 	if got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}

@@ -86,7 +86,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	}
 	var ownership *string
 	if scenario != "consume" {
-		ownership = fs.String("ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnRows), "the relays' --ownership: rows or partitions (env OUTBOX_RELAY_OWNERSHIP)")
+		ownership = fs.String("ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnAuto), "the relays' --ownership: auto, rows or partitions (env OUTBOX_RELAY_OWNERSHIP)")
 	}
 	var partitions func() (int, error)
 	if scenario != "writers" {
@@ -121,8 +121,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--poll must be at least 1ms")
 	case minReplicas != nil && *minReplicas < 0:
 		return usagef("--min-replicas must not be negative")
-	case ownership != nil && *ownership != relay.OwnRows && *ownership != relay.OwnPartitions:
-		return usagef("--ownership %q: want %s or %s", *ownership, relay.OwnRows, relay.OwnPartitions)
+	case ownership != nil && *ownership != relay.OwnAuto && *ownership != relay.OwnRows && *ownership != relay.OwnPartitions:
+		return usagef("--ownership %q: want %s, %s or %s", *ownership, relay.OwnAuto, relay.OwnRows, relay.OwnPartitions)
 	case effect != nil && *effect != bench.EffectLua && *effect != bench.EffectInbox:
 		return usagef("--effect %q: want %s or %s", *effect, bench.EffectLua, bench.EffectInbox)
 	}
