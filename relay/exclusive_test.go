@@ -1,9 +1,9 @@
 package relay_test
 
 import (
-	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +13,8 @@ import (
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 )
 
@@ -59,21 +61,40 @@ func TestRelaysOfBothOwnershipsNeverShareADatabase(t *testing.T) {
 
 // OwnAuto, the default: a relay follows the ownership of the relays running
 // on its database, and leases partitions where none runs. So a rolling
-// upgrade of relays that claim rows never stops at ErrMixedOwnership.
+// upgrade of relays that claim rows never stops at ErrMixedOwnership. With
+// no relay alive it still claims rows while a row claimer may be running
+// unseen: registered and not known gone (a PostgreSQL restart cut its
+// LISTEN connection, its pool goes on claiming), or with a claim younger
+// than the lease.
 func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
-	for _, running := range []string{"", relay.OwnRows, relay.OwnPartitions} {
-		want := cmp.Or(running, relay.OwnPartitions)
-		t.Run("beside "+cmp.Or(running, "no relay"), func(t *testing.T) {
+	const lease = 5 * time.Second
+	for _, c := range []struct {
+		name  string
+		setup func(f *fixture)
+		want  string
+	}{
+		{"no relay", func(*fixture) {}, relay.OwnPartitions},
+		{"a row claimer running", runningRelay(relay.OwnRows), relay.OwnRows},
+		{"a partition owner running", runningRelay(relay.OwnPartitions), relay.OwnPartitions},
+		{"a row claimer registered whose LISTEN backend is gone", func(f *fixture) {
+			f.Exec("INSERT INTO outbox_relay_members (owner, seen_until, pid) VALUES ('cut-off', 'infinity', 2147483000)")
+		}, relay.OwnRows},
+		{"a claim younger than the lease", func(f *fixture) {
+			f.Settle(1)
+			f.Exec(`UPDATE outbox_messages SET status = 'publishing', claimed_by = 'unseen', claim_token = gen_random_uuid(),
+				claimed_at = now()`)
+		}, relay.OwnRows},
+		{"only a claim older than the lease", func(f *fixture) {
+			f.Settle(1)
+			f.Exec(`UPDATE outbox_messages SET status = 'publishing', claimed_by = 'gone', claim_token = gen_random_uuid(),
+				claimed_at = now() - interval '1 minute'`)
+		}, relay.OwnPartitions},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t)
-			if running != "" {
-				c := f.RelayConfig("running")
-				c.Ownership = running
-				r := f.NewRelay(c, nil)
-				f.Run(r.Run)
-				outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the running relay never listened")
-			}
+			c.setup(f)
 			cfg := f.RelayConfig("auto")
-			cfg.Ownership = ""
+			cfg.Ownership, cfg.Lease = "", lease
 			auto := f.NewRelay(cfg, nil)
 			if got := auto.Config().Ownership; got != relay.OwnAuto {
 				t.Fatalf("default ownership %q, want %q", got, relay.OwnAuto)
@@ -91,8 +112,8 @@ func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
 				}
 			}()
 			outboxtest.Eventually(t, 10*time.Second, func() bool { return auto.Stats().ListenUp }, "the auto relay never listened")
-			if got := auto.Ownership(); got != want {
-				t.Fatalf("beside %q the auto relay runs %q, want %q", running, got, want)
+			if got := auto.Ownership(); got != c.want {
+				t.Fatalf("the auto relay runs %q, want %q", got, c.want)
 			}
 			// It runs on: the check after its LISTEN connection found no
 			// relay of the other ownership.
@@ -101,39 +122,61 @@ func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
 				t.Fatalf("the auto relay stopped: %v", err)
 			case <-time.After(500 * time.Millisecond):
 			}
-			if want == relay.OwnRows {
+			if c.want == relay.OwnRows {
 				if held := f.LeaseHolders()["auto"]; held != 0 {
 					t.Fatalf("the auto relay claims rows and holds %d partition slots", held)
 				}
 				return
 			}
 			// A partition owner takes its share (beside a relay holding
-			// every slot, once that one gave half back).
+			// every slot, once that one gave half back), and publishes what
+			// a claimer long gone left publishing.
 			outboxtest.Eventually(t, 15*time.Second, func() bool { return f.LeaseHolders()["auto"] > 0 },
 				"the auto relay leases partitions and holds no slot")
+			outboxtest.Eventually(t, 10*time.Second, func() bool {
+				return f.Count("SELECT count(*) FROM outbox_messages WHERE status <> 'published'") == 0
+			}, "rows left unpublished")
 		})
 	}
 }
 
+// runningRelay starts a relay of the ownership given and waits until it
+// listens (holds its ownership lock).
+func runningRelay(ownership string) func(f *fixture) {
+	return func(f *fixture) {
+		c := f.RelayConfig("running")
+		c.Ownership = ownership
+		r := f.NewRelay(c, nil)
+		f.Run(r.Run)
+		outboxtest.Eventually(f.T, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the running relay never listened")
+	}
+}
+
 // A relay left to choose its ownership waits for a database that does not
-// answer, and returns nil when stopped before it could start.
+// answer yet (it returns nil when stopped before it could start), and
+// chooses and starts once the database answers.
 func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
 	f := newFixture(t)
-	pcfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	pgCfg, err := pgxpool.ParseConfig(f.DBURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.NewWithConfig(f.Ctx, pcfg)
+	proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", pgCfg.ConnConfig.Host, pgCfg.ConnConfig.Port))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(func() { _ = proxy.Close() })
+	relaytest.ViaProxy(&pgCfg.ConnConfig.Config, proxy)
+	pool, err := pgxpool.NewWithConfig(f.Ctx, pgCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	proxy.Down()
+
 	cfg := f.RelayConfig("auto")
 	cfg.Ownership = relay.OwnAuto
-	r, err := relay.New(pool, f.Redis.Client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := f.NewRelayWithPool(pool, cfg)
 	ctx, cancel := context.WithTimeout(f.Ctx, 1500*time.Millisecond)
 	defer cancel()
 	if err := r.Run(ctx); err != nil {
@@ -141,6 +184,49 @@ func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
 	}
 	if got := r.Ownership(); got != "" {
 		t.Fatalf("ownership %q chosen without a database", got)
+	}
+
+	// Run again, and the database comes back after a while.
+	f.Run(r.Run)
+	time.Sleep(time.Second)
+	if got := r.Ownership(); got != "" || r.Stats().ListenUp {
+		t.Fatalf("without a database: ownership %q, listening %v", got, r.Stats().ListenUp)
+	}
+	proxy.Up()
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp },
+		"the relay never started once the database answered")
+	if got := r.Ownership(); got != relay.OwnPartitions {
+		t.Fatalf("ownership %q, want %q", got, relay.OwnPartitions)
+	}
+	f.Settle(2)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().Published == 2 }, "nothing published")
+}
+
+// An auto relay stopped by ErrMixedOwnership (it chose at the moment a
+// relay of the other ownership started) chooses again when run again, and
+// follows the relay it met.
+func TestAutoOwnershipChoosesAgainAfterMixedOwnership(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.RelayConfig("auto")
+	cfg.Ownership = relay.OwnAuto
+	auto := f.NewRelay(cfg, nil)
+	// Its choice, made while no relay ran: partitions.
+	if _, err := relaytest.DrainBatch(f.Ctx, auto); err != nil {
+		t.Fatal(err)
+	}
+	if got := auto.Ownership(); got != relay.OwnPartitions {
+		t.Fatalf("alone the auto relay chose %q", got)
+	}
+	runningRelay(relay.OwnRows)(f)
+	ctx, cancel := context.WithTimeout(f.Ctx, 20*time.Second)
+	defer cancel()
+	if err := auto.Run(ctx); !errors.Is(err, relay.ErrMixedOwnership) {
+		t.Fatalf("beside a row claimer, having chosen partitions: %v, want ErrMixedOwnership", err)
+	}
+	f.Run(auto.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return auto.Stats().ListenUp }, "run again, the auto relay never listened")
+	if got := auto.Ownership(); got != relay.OwnRows {
+		t.Fatalf("run again beside a row claimer, the auto relay runs %q", got)
 	}
 }
 

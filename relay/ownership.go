@@ -70,36 +70,44 @@ func newOwnership(r *Relay, name string) ownership {
 // for OwnAuto the one resolveOwnership finds (until then, none).
 func (r *Relay) chooseOwnership(name string) {
 	if name == OwnAuto {
+		r.own = nil
+		r.ownName.Store(nil)
 		return
 	}
 	r.own = newOwnership(r, name)
 	r.ownName.Store(&name)
 }
 
+// forgetOwnership: a relay of OwnAuto stopped by ErrMixedOwnership chooses
+// again at its next Run (it follows the relay it met); one that names its
+// ownership keeps it.
+func (r *Relay) forgetOwnership() {
+	if r.cfg.Ownership == OwnAuto {
+		r.chooseOwnership(OwnAuto)
+	}
+}
+
 // resolveOwnership chooses, for a relay of OwnAuto, the ownership of the
-// relays running on the database: row claims while a relay that claims
-// rows holds its lock (relay_ownership_other.sql), partition leases
-// otherwise. It runs once, before the relay does anything else, and waits
-// for a database that does not answer yet (ctx's end stops the wait). Two
-// relays that choose at the same moment as a relay of an explicit
-// ownership starts are caught as before: the LISTEN connection's check
-// stops one of them with ErrMixedOwnership.
+// relays running on the database, and with none running, row claims while a
+// row claimer may still be running unseen (its LISTEN connection down: a
+// PostgreSQL restart), partition leases otherwise
+// (relay_ownership_auto.sql). It runs before the relay does anything else,
+// and waits for a database that does not answer yet (ctx's end stops the
+// wait). An auto relay that chooses at the very moment a relay of the other
+// ownership starts is caught as before: the check after the LISTEN
+// connection stops one of them with ErrMixedOwnership, and the next Run
+// chooses again.
 func (r *Relay) resolveOwnership(ctx context.Context) error {
 	if r.own != nil {
 		return nil
 	}
-	st := queries.RelayOwnershipOther(1) // no relay claiming rows runs
+	st := queries.RelayOwnershipAuto(r.cfg.Lease.Milliseconds())
 	for failures := 1; ; failures++ {
-		var noClaimers bool
-		err := r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(&noClaimers)
+		var name, reason string
+		err := r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(&name, &reason)
 		if err == nil {
-			name := OwnPartitions
-			if !noClaimers {
-				name = OwnRows
-			}
 			r.chooseOwnership(name)
-			r.log.Info("ownership chosen by the relays running", slog.String("ownership", name),
-				slog.Bool("row_claimers_running", !noClaimers))
+			r.log.Info("ownership chosen (auto)", slog.String("ownership", name), slog.String("by", reason))
 			return nil
 		}
 		if ctx.Err() != nil {

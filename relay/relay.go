@@ -247,6 +247,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	if err := r.refuseMixedOwnership(ctx); err != nil {
+		r.forgetOwnership()
 		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -284,6 +285,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	lwg.Wait()
 	r.log.Info("relay stopped", slog.Int64("published", r.stats.published.Load()))
 	if err := context.Cause(ctx); errors.Is(err, ErrMixedOwnership) {
+		r.forgetOwnership()
 		return err
 	}
 	return nil

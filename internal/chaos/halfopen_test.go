@@ -59,7 +59,7 @@ func TestRelayAfterHalfOpenPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer log.Close()
-	cmd := exec.Command(bin, append([]string{"relay", "--name", "r1",
+	cmd := exec.Command(bin, append([]string{"relay", "--name", "r1", "--ownership", "rows", // the row claimer's reaper
 		"--database-url", strings.Replace(pg.URL, hostPort(pg.URL), px.Addr(), 1), "--redis-url", rds.URL}, relayArgs...)...)
 	cmd.Env = cleanEnv()
 	cmd.Stdout, cmd.Stderr = log, log

@@ -60,6 +60,7 @@ var (
 	relayMarkPublished       = prepare("relay_mark_published", "ids", "stream_ids", "token")
 	relayMarkPublishedLeased = prepare("relay_mark_published_leased", "ids", "stream_ids", "slots", "tokens")
 	relayNotify              = prepare("relay_notify", "channel", "payload")
+	relayOwnershipAuto       = prepare("relay_ownership_auto", "lease_ms")
 	relayOwnershipHold       = prepare("relay_ownership_hold", "mode")
 	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms")
@@ -166,6 +167,11 @@ func RelayOwnershipHold(mode int) Statement {
 // RelayOwnershipOther is queries/relay_ownership_other.sql.
 func RelayOwnershipOther(mode int) Statement {
 	return relayOwnershipOther.with(mode)
+}
+
+// RelayOwnershipAuto is queries/relay_ownership_auto.sql.
+func RelayOwnershipAuto(leaseMS int64) Statement {
+	return relayOwnershipAuto.with(leaseMS)
 }
 
 // RelayBusy is queries/relay_busy.sql.
