@@ -41,7 +41,8 @@ test:
 # Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'. On a local
 # Redis Cluster (3 masters + 3 replicas, --min-replicas 1, 16 partitions):
 # CHAOS_FLAGS='-chaos.cluster' (add -chaos.min-replicas 0 to see the loss).
-# Relays owning partitions instead of claiming rows: -chaos.ownership partitions.
+# Relays owning partitions instead of claiming rows: -chaos.ownership partitions
+# (-chaos.ownership auto: the relays' default, which chooses partitions there).
 # On NATS JetStream (relays and consumers with --broker nats, the server's own
 # faults): CHAOS_FLAGS='-chaos.nats'.
 chaos:
