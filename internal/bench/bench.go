@@ -110,6 +110,8 @@ type Env struct {
 	// Ownership is the relays' (relay.Config.Ownership); empty: the default
 	// (relay.OwnAuto: partition leases on the bench's fresh databases).
 	Ownership string
+	// BusyRows is the relays' (relay.Config.BusyRows); 0: the default.
+	BusyRows int
 	// JS, when set, makes NATS JetStream the broker (drain, consume,
 	// latency, sustained): each scenario publishes to a JetStream stream of
 	// its own, deleted afterwards; Redis keeps the consumers' state.

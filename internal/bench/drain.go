@@ -39,6 +39,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 		if rs[i], err = s.newRelay(rp, relay.Config{
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
 			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(), Ownership: e.Ownership,
+			BusyRows: e.BusyRows,
 		}); err != nil {
 			return Result{}, err
 		}

@@ -58,7 +58,7 @@ func Failover(ctx context.Context, e Env, rate float64, d time.Duration) (Result
 	defer rdsProxy.Close()
 	defer victimRedis.Close()
 	victim, err := relay.New(victimPool, victimRedis, relay.Config{Name: "victim", StreamPrefix: s.prefix, Logger: e.Log,
-		Ownership: e.Ownership, Partitions: e.partitions()})
+		Ownership: e.Ownership, Partitions: e.partitions(), BusyRows: e.BusyRows})
 	if err != nil {
 		return Result{}, err
 	}

@@ -52,7 +52,7 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 		return nil, err
 	}
 	f.relay, err = s.newRelay(rp, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas, Ownership: e.Ownership,
-		Partitions: e.partitions()})
+		Partitions: e.partitions(), BusyRows: e.BusyRows})
 	if err != nil {
 		return nil, err
 	}

@@ -102,7 +102,7 @@ func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Re
 		return nil, errNoEvents
 	}
 	settings := map[string]any{"rate": rate, "mode": modeName(mode), "relays": 1, "consumers": 1, "poll": f.relay.Config().PollInterval.String(),
-		"min_replicas": e.MinReplicas, "broker": s.broker(), "ownership": f.relay.Ownership()}
+		"min_replicas": e.MinReplicas, "broker": s.broker(), "ownership": f.relay.Ownership(), "busy_rows": f.relay.Config().BusyRows}
 	out := []Result{
 		percentiles("latency_commit_to_stream", toStream, took, settings),
 		percentiles("latency_commit_to_verdict", toVerdict, took, settings),

@@ -93,7 +93,7 @@ func Sustained(ctx context.Context, e Env, rate float64, d time.Duration, mode s
 	}
 	r := percentiles("sustained", toVerdict, took, map[string]any{
 		"rate": rate, "mode": modeName(mode), "duration": d.String(), "relays": 1, "consumers": 1,
-		"poll": f.relay.Config().PollInterval.String(), "backlog_samples": len(samples), "latency": "commit_to_verdict", "broker": s.broker()})
+		"poll": f.relay.Config().PollInterval.String(), "busy_rows": f.relay.Config().BusyRows, "ownership": f.relay.Ownership(), "backlog_samples": len(samples), "latency": "commit_to_verdict", "broker": s.broker()})
 	r.Errors = ptr(f.errs.Load())
 	r.MaxScheduleLagMs = ptr(ms(lag))
 	r.PollsWithWork = ptr(f.relay.Stats().PollsWithWork)

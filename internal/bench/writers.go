@@ -105,7 +105,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	if err != nil {
 		return Result{}, err
 	}
-	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log, Ownership: e.Ownership})
+	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log, Ownership: e.Ownership, BusyRows: e.BusyRows})
 	if err != nil {
 		return Result{}, err
 	}
@@ -182,7 +182,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	}
 	res := percentiles("writers", lat, took, map[string]any{"writers": writers, "mode": mode,
 		"duration": cfg.Duration.String(), "relays": 1, "poll": r.Config().PollInterval.String(), "latency": "commit",
-		"notifications": st.Notifications})
+		"notifications": st.Notifications, "busy_rows": r.Config().BusyRows, "ownership": r.Ownership()})
 	res.Errors = ptr(errs)
 	res.BacklogAtEnd = ptr(left)
 	res.PollsWithWork = ptr(polls)

@@ -85,8 +85,10 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		duration = fs.Duration("duration", 20*time.Second, "how long to settle at --rate; the victim relay is killed a third of the way in")
 	}
 	var ownership *string
+	var busyRows *int
 	if scenario != "consume" {
 		ownership = fs.String("ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnAuto), "the relays' --ownership: auto, rows or partitions (env OUTBOX_RELAY_OWNERSHIP)")
+		busyRows = fs.Int("busy-rows", relay.DefaultBusyRows, "the relays' --busy-rows")
 	}
 	var partitions func() (int, error)
 	if scenario != "writers" {
@@ -121,6 +123,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--poll must be at least 1ms")
 	case minReplicas != nil && *minReplicas < 0:
 		return usagef("--min-replicas must not be negative")
+	case busyRows != nil && *busyRows < 1:
+		return usagef("--busy-rows %d: must be at least 1", *busyRows)
 	case ownership != nil && *ownership != relay.OwnAuto && *ownership != relay.OwnRows && *ownership != relay.OwnPartitions:
 		return usagef("--ownership %q: want %s, %s or %s", *ownership, relay.OwnAuto, relay.OwnRows, relay.OwnPartitions)
 	case effect != nil && *effect != bench.EffectLua && *effect != bench.EffectInbox:
@@ -196,6 +200,9 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		env.MinReplicas = *minReplicas
 	}
 	env.Partitions = nParts
+	if busyRows != nil {
+		env.BusyRows = *busyRows
+	}
 	if ownership != nil {
 		env.Ownership = *ownership
 	}
