@@ -53,6 +53,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	if injected != nil {
 		b.Queue("SELECT $1::text::int", injected.Error())
 	}
+	r.stats.claims.Add(1)
 	if err := r.sendTx(ctx, &b); err != nil {
 		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}

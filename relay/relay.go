@@ -133,6 +133,7 @@ type Relay struct {
 
 // Stats counts what a relay did since it started.
 type Stats struct {
+	Claims        int64 // claim (or, with partition leases, read) round trips, empty ones included
 	Claimed       int64 // rows claimed
 	Published     int64 // rows marked published
 	Fenced        int64 // rows whose mark found another claim (stale relay)
@@ -146,9 +147,9 @@ type Stats struct {
 }
 
 type counters struct {
-	claimed, published, fenced, failed, released, reaped atomic.Int64
-	notifications, polls, pollsWithWork                  atomic.Int64
-	listenUp                                             atomic.Bool
+	claims, claimed, published, fenced, failed, released, reaped atomic.Int64
+	notifications, polls, pollsWithWork                          atomic.Int64
+	listenUp                                                     atomic.Bool
 }
 
 // New returns a relay that claims from pool and publishes to Redis Streams
@@ -234,7 +235,7 @@ func (r *Relay) Config() Config { return r.cfg }
 func (r *Relay) Stats() Stats {
 	s := &r.stats
 	return Stats{
-		Claimed: s.claimed.Load(), Published: s.published.Load(), Fenced: s.fenced.Load(),
+		Claims: s.claims.Load(), Claimed: s.claimed.Load(), Published: s.published.Load(), Fenced: s.fenced.Load(),
 		Failed: s.failed.Load(), Released: s.released.Load(), Reaped: s.reaped.Load(),
 		Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 		PollsWithWork: s.pollsWithWork.Load(), ListenUp: s.listenUp.Load(),

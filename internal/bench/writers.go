@@ -182,7 +182,7 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	}
 	res := percentiles("writers", lat, took, map[string]any{"writers": writers, "mode": mode,
 		"duration": cfg.Duration.String(), "relays": 1, "poll": r.Config().PollInterval.String(), "latency": "commit",
-		"notifications": st.Notifications, "busy_rows": r.Config().BusyRows, "ownership": r.Ownership()})
+		"notifications": st.Notifications, "claims": st.Claims, "busy_rows": r.Config().BusyRows, "ownership": r.Ownership()})
 	res.Errors = ptr(errs)
 	res.BacklogAtEnd = ptr(left)
 	res.PollsWithWork = ptr(polls)
