@@ -53,12 +53,14 @@ var (
 // Ownership values: how the relays of one database divide the outbox.
 const (
 	// OwnAuto, the default: the ownership of the relays already running on
-	// the database, chosen when Run starts (Relay.Ownership says which):
-	// OwnRows while a relay that claims rows runs there, OwnPartitions
-	// otherwise. So a fleet of relays claiming rows keeps claiming rows
-	// through a rolling upgrade (each new relay follows the ones running),
-	// and comes up with partition leases once every relay has stopped at
-	// the same time.
+	// the database, chosen when Run starts (Relay.Ownership says which);
+	// with none running, OwnRows while a row claimer may still run unseen
+	// (registered and not known gone, as after a PostgreSQL restart, or
+	// with a claim younger than Lease), OwnPartitions otherwise. So a fleet
+	// of relays claiming rows keeps claiming rows through a rolling upgrade
+	// (each new relay follows the ones running), and comes up with
+	// partition leases once every relay has stopped gracefully at the same
+	// time.
 	OwnAuto = "auto"
 	// OwnRows: each relay claims rows (FOR UPDATE SKIP LOCKED, status
 	// publishing, a claim token per batch) and the reaper returns claims

@@ -96,7 +96,8 @@ func (r *Relay) forgetOwnership() {
 // wait). An auto relay that chooses at the very moment a relay of the other
 // ownership starts is caught as before: the check after the LISTEN
 // connection stops one of them with ErrMixedOwnership, and the next Run
-// chooses again.
+// chooses again (a Run right after one that claimed rows may still see its
+// own LISTEN backend's lock, and be refused once more).
 func (r *Relay) resolveOwnership(ctx context.Context) error {
 	if r.own != nil {
 		return nil
@@ -113,7 +114,7 @@ func (r *Relay) resolveOwnership(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		d := retry.Backoff(failures, 100*time.Millisecond, max(r.cfg.PollInterval, time.Second))
+		d := retry.Backoff(failures, 100*time.Millisecond, min(listenBackoffMax, max(r.cfg.PollInterval, time.Second)))
 		r.log.Warn("cannot choose the ownership (auto) until the database answers; retrying",
 			slog.Any("error", err), slog.Int("attempt", failures), slog.Duration("retry_in", d))
 		retry.Sleep(ctx, d)

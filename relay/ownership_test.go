@@ -8,7 +8,8 @@ import (
 	"testing"
 )
 
-// The ownership is chosen once (newOwnership); the rest of the relay asks
+// The ownership is chosen in ownership.go only (newOwnership, from the
+// Config or, for OwnAuto, when Run starts); the rest of the relay asks
 // the strategy instead of comparing Config.Ownership: a branch on it
 // elsewhere in the code is what this guards against.
 func TestOwnershipIsChosenOnlyAtConstruction(t *testing.T) {

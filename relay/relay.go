@@ -12,7 +12,7 @@
 // relays lease slots of partition keys instead and read their slots' rows
 // without claiming them (one update per event, not two); the default,
 // OwnAuto, follows the relays running on the database, and leases
-// partitions where none claims rows.
+// partitions where no row claimer runs or may run unseen.
 //
 // Delivery is at least once: a relay that dies between XADD and the mark, or
 // a stale relay fenced out after its lease, leaves a duplicate in the stream.

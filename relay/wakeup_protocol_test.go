@@ -99,7 +99,8 @@ func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
 // Defect: a round trip that told writers "busy" and then failed left the
 // relay believing it was still asleep; it went to sleep with the flag at 0,
 // so writers never notified again. One statement error is injected right
-// after the flag went to 0, in the claim of the round trip that set it.
+// after the flag went to 0, in the claim of the round trip that set it (a
+// row claim's UPDATE to publishing: the fault needs row claims).
 func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
 	f := newFixture(t)
 	f.Exec(`CREATE SEQUENCE test_fault_once`)
@@ -119,15 +120,15 @@ func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
 	// One row per batch: the second non-empty claim makes the third say
 	// busy; that one fails. The retry then finds the last row alone.
 	f.Settle(3)
-	cfg := f.RelayConfig("r1")
+	cfg := f.RowsRelayConfig("r1")
 	cfg.BatchSize = 1
 	r := f.NewRelay(cfg, nil)
 	f.Run(r.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == 3
 	}, "the backlog was not published")
-	var fired int
-	if err := f.Pool.QueryRow(f.Ctx, "SELECT last_value FROM test_fault_once").Scan(&fired); err != nil || fired < 1 {
+	var fired bool // a new sequence's last_value is already 1: is_called says whether nextval ran
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT is_called FROM test_fault_once").Scan(&fired); err != nil || !fired {
 		t.Fatalf("the fault was never injected (%v): the test did not exercise the failed busy round trip", err)
 	}
 	outboxtest.Eventually(t, quick, func() bool { return f.IdleFlag() == 1 }, "relay went to sleep with writers told it is busy")

@@ -27,7 +27,7 @@ run() { # variant: keep | delete | keep+vacuum | delete+vacuum
   psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
   local url="$base/$db$query"
   DATABASE_URL=$url /tmp/outbox-measure migrate >/dev/null 2>&1
-  DATABASE_URL=$url REDIS_URL=$REDIS_URL /tmp/outbox-measure relay --log-level error --stream-prefix "$prefix" &
+  DATABASE_URL=$url REDIS_URL=$REDIS_URL /tmp/outbox-measure relay --ownership rows --log-level error --stream-prefix "$prefix" &
   local relay=$!
   trap "kill $relay 2>/dev/null || true" EXIT
   echo "| $variant | round | rows in table | table MB | indexes MB | dead tuples | claim ms (500 pending) | cleanup s |"

@@ -62,7 +62,7 @@ type Config struct {
 	// (nats-kill, nats-restart) and blackholed among the other faults;
 	// anti-fraud's effects stay in Redis.
 	NATS bool
-	// Ownership is the relays' --ownership (rows or partitions); empty:
+	// Ownership is the relays' --ownership (rows, partitions or auto); empty:
 	// the relay's default (auto: partitions, on the suite's fresh database).
 	Ownership string
 	// Logf receives progress lines.

@@ -21,7 +21,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
 	fs.StringVar(&cfg.Ownership, "ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnAuto),
 		"how relays divide the outbox: rows (claim each row), partitions (lease slots of partition keys; every relay of a database must use the same), or auto: the ownership of the relays running on the database, rows while a row claimer may still run unseen (after a PostgreSQL restart), else partitions (env OUTBOX_RELAY_OWNERSHIP)")
-	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease with --ownership partitions; expired claims are returned to pending")
+	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease when the relay leases partitions; expired claims are returned to pending")
 	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
 	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
 	fs.IntVar(&cfg.BusyRows, "busy-rows", relay.DefaultBusyRows, "tell writers to stop notifying while draining once a claim after the first of a drain finds this many rows (or a full batch)")
