@@ -3,18 +3,15 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
-	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 )
 
@@ -157,21 +154,7 @@ func runningRelay(ownership string) func(f *fixture) {
 // chooses and starts once the database answers.
 func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
 	f := newFixture(t)
-	pgCfg, err := pgxpool.ParseConfig(f.DBURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", pgCfg.ConnConfig.Host, pgCfg.ConnConfig.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	relaytest.ViaProxy(&pgCfg.ConnConfig.Config, proxy)
-	pool, err := pgxpool.NewWithConfig(f.Ctx, pgCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, _, proxy := f.ProxiedPool("")
 	proxy.Down()
 
 	cfg := f.RelayConfig("auto")

@@ -92,8 +92,8 @@ func (r *Relay) forgetOwnership() {
 // row claimer may still be running unseen (its LISTEN connection down: a
 // PostgreSQL restart), partition leases otherwise
 // (relay_ownership_auto.sql). It runs before the relay does anything else,
-// and waits for a database that does not answer yet (ctx's end stops the
-// wait). An auto relay that chooses at the very moment a relay of the other
+// and waits for a database that does not answer yet: it fails only when ctx
+// ends. An auto relay that chooses at the very moment a relay of the other
 // ownership starts is caught as before: the check after the LISTEN
 // connection stops one of them with ErrMixedOwnership, and the next Run
 // chooses again (a Run right after one that claimed rows may still see its

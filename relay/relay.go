@@ -246,11 +246,8 @@ func (r *Relay) Stats() Stats {
 // releases) the batch in flight and returns nil. It returns an error only if
 // it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.resolveOwnership(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped before it started
-		}
-		return err
+	if r.resolveOwnership(ctx) != nil {
+		return nil // stopped before it could choose (it waits for the database)
 	}
 	if err := r.refuseMixedOwnership(ctx); err != nil {
 		r.forgetOwnership()

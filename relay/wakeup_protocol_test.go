@@ -24,7 +24,6 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
-	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -358,22 +357,7 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 // when the database and its LISTEN connection are back.
 func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
 	f := newFixture(t)
-	pgCfg, err := pgxpool.ParseConfig(f.DBURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", pgCfg.ConnConfig.Host, pgCfg.ConnConfig.Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	relaytest.ViaProxy(&pgCfg.ConnConfig.Config, proxy)
-	pgCfg.ConnConfig.RuntimeParams["application_name"] = "outbox-test-proxied"
-	pool, err := pgxpool.NewWithConfig(f.Ctx, pgCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, pgCfg, proxy := f.ProxiedPool("outbox-test-proxied")
 
 	var logs relaytest.SyncBuffer
 	cfg := f.RelayConfig("r1")

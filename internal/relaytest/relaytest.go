@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -137,6 +138,33 @@ func (f *Fixture) PoolWith(params map[string]string) *pgxpool.Pool {
 	}
 	f.T.Cleanup(pool.Close)
 	return pool
+}
+
+// ProxiedPool returns a pool to the fixture's database through a proxy of
+// its own (Down cuts the database off for this pool alone), the pool's
+// config (for connections of its own through the proxy) and the proxy; all
+// closed when the test ends.
+func (f *Fixture) ProxiedPool(appName string) (*pgxpool.Pool, *pgxpool.Config, *tcpproxy.Proxy) {
+	f.T.Helper()
+	cfg, err := pgxpool.ParseConfig(f.DBURL)
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	f.T.Cleanup(func() { _ = proxy.Close() })
+	ViaProxy(&cfg.ConnConfig.Config, proxy)
+	if appName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	pool, err := pgxpool.NewWithConfig(f.Ctx, cfg)
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	f.T.Cleanup(pool.Close)
+	return pool, cfg, proxy
 }
 
 // Entries returns the event ids in the stream, in stream order.
