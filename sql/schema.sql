@@ -28,14 +28,9 @@ CREATE FUNCTION public.outbox_messages_notify_idle() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    -- Once per transaction, whatever the number of statements that insert.
-    IF current_setting('outbox.notify_checked', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    PERFORM set_config('outbox.notify_checked', 'on', true);
-    IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+    IF pg_sequence_last_value('outbox_relay_idle') = 0 THEN
         PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
-        IF (SELECT last_value FROM outbox_relay_idle) = 0 THEN
+        IF pg_sequence_last_value('outbox_relay_idle') = 0 THEN
             RETURN NULL; -- a relay is draining and will see this row
         END IF;
     END IF;
