@@ -87,6 +87,12 @@ type Result struct {
 	// minimal relay's run (latency_minimal_commit_to_stream), same run.
 	RatioP50ToBaseline *float64 `json:"ratio_p50_to_baseline,omitempty"`
 	RatioP99ToBaseline *float64 `json:"ratio_p99_to_baseline,omitempty"`
+	// latency_commit_to_stream: why the two ratios above are absent: the
+	// writers of either run fell short of the offered rate (below 90 %),
+	// so the runs carried different loads. With --runs, the medians are
+	// over the runs that have ratios, and this says in how many they were
+	// withheld.
+	RatioWithheld *string `json:"ratio_withheld,omitempty"`
 	// drain, consume: peak resident set of the whole harness process during
 	// the timed phase (VmHWM, reset just before it), and its RSS then.
 	PeakRSSKB   *int64 `json:"peak_rss_kb,omitempty"`
@@ -341,6 +347,10 @@ func combine(runs []Result) Result {
 	c.RatioToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioToBaseline })
 	c.RatioP50ToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioP50ToBaseline })
 	c.RatioP99ToBaseline = medianPtr(runs, func(r Result) *float64 { return r.RatioP99ToBaseline })
+	c.RatioWithheld = nil
+	if withheld := countIf(runs, func(r Result) bool { return r.RatioWithheld != nil }); withheld > 0 {
+		c.RatioWithheld = ptr(fmt.Sprintf("withheld in %d of %d runs (each run's ratio_withheld says why)", withheld, len(runs)))
+	}
 	c.PeakRSSKB = medianInt(runs, func(r Result) *int64 { return r.PeakRSSKB })
 	c.RSSBeforeKB = medianInt(runs, func(r Result) *int64 { return r.RSSBeforeKB })
 	if runs[0].BacklogBounded != nil {
@@ -373,16 +383,28 @@ func median(runs []Result, f func(Result) float64) float64 {
 	return (xs[m-1] + xs[m]) / 2
 }
 
+// medianPtr is the median of f over the runs where it is set (nil in none).
 func medianPtr(runs []Result, f func(Result) *float64) *float64 {
-	if f(runs[0]) == nil {
+	var set []Result
+	for _, r := range runs {
+		if f(r) != nil {
+			set = append(set, r)
+		}
+	}
+	if len(set) == 0 {
 		return nil
 	}
-	return ptr(median(runs, func(r Result) float64 {
-		if p := f(r); p != nil {
-			return *p
+	return ptr(median(set, func(r Result) float64 { return *f(r) }))
+}
+
+func countIf(runs []Result, f func(Result) bool) int {
+	n := 0
+	for _, r := range runs {
+		if f(r) {
+			n++
 		}
-		return 0
-	}))
+	}
+	return n
 }
 
 func medianInt(runs []Result, f func(Result) *int64) *int64 {

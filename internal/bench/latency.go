@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -15,7 +17,8 @@ import (
 // same schedule in a space of its own, notify mode always, with the same
 // reader and the same anti-fraud consumer (its work competes for the
 // cores): a third result, latency_minimal_commit_to_stream, and the
-// first's ratio_p50_to_baseline and ratio_p99_to_baseline.
+// first's ratio_p50_to_baseline and ratio_p99_to_baseline, when both runs'
+// writers reached the rate (latencyRatios); ratio_withheld says why not.
 func Latency(ctx context.Context, e Env, rate float64, n int, mode string, baseline bool) ([]Result, error) {
 	out, err := latency(ctx, e, rate, n, mode)
 	if err != nil || !baseline || e.JS != nil {
@@ -25,11 +28,37 @@ func Latency(ctx context.Context, e Env, rate float64, n int, mode string, basel
 	if err != nil {
 		return nil, err
 	}
-	if base.P50Ms > 0 && base.P99Ms > 0 {
-		out[0].RatioP50ToBaseline = ptr(out[0].P50Ms / base.P50Ms)
-		out[0].RatioP99ToBaseline = ptr(out[0].P99Ms / base.P99Ms)
-	}
+	latencyRatios(&out[0], base, rate)
 	return append(out, base), nil
+}
+
+// reachedRate is the share of the offered rate that a latency run's writers
+// must reach for its percentiles to be compared with another run's.
+const reachedRate = 0.9
+
+// latencyRatios sets r's ratios to the minimal relay's run base, or, when
+// either run's writers fell short of the offered rate (fsync-bound commits
+// queue up, and notify mode always serializes them further), says so in
+// r.RatioWithheld instead: below the rate the two runs carried different
+// loads, and latency under a queue is the queue's.
+func latencyRatios(r *Result, base Result, rate float64) {
+	var short []string
+	for _, run := range []struct {
+		name string
+		r    Result
+	}{{"this project's", *r}, {"the minimal relay's", base}} {
+		if run.r.EventsPerS < reachedRate*rate {
+			short = append(short, fmt.Sprintf("%s writers reached %.0f of the %.0f TEDs/s offered", run.name, run.r.EventsPerS, rate))
+		}
+	}
+	if len(short) > 0 {
+		r.RatioWithheld = ptr(strings.Join(short, "; ") + fmt.Sprintf(" (under %.0f %%: the runs carried different loads)", reachedRate*100))
+		return
+	}
+	if base.P50Ms > 0 && base.P99Ms > 0 {
+		r.RatioP50ToBaseline = ptr(r.P50Ms / base.P50Ms)
+		r.RatioP99ToBaseline = ptr(r.P99Ms / base.P99Ms)
+	}
 }
 
 // latencyMinimal is the minimal relay's commit → stream on the schedule.

@@ -275,6 +275,9 @@ func printBenchTable(e *env, results []bench.Result) error {
 		if r.RatioP50ToBaseline != nil {
 			notes = append(notes, fmt.Sprintf("ratio_p50_to_baseline=%.2f ratio_p99_to_baseline=%.2f", *r.RatioP50ToBaseline, *r.RatioP99ToBaseline))
 		}
+		if r.RatioWithheld != nil {
+			notes = append(notes, fmt.Sprintf("ratio_withheld=%q", *r.RatioWithheld))
+		}
 		if r.RatioToBaseline != nil {
 			notes = append(notes, fmt.Sprintf("ratio_to_baseline=%.2f baseline_events_per_s=%.0f", *r.RatioToBaseline, *r.BaselineEventsPerS))
 		}

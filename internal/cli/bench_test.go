@@ -73,9 +73,15 @@ func TestBenchJSON(t *testing.T) {
 		if scenarios(rs) != "latency_commit_to_stream,latency_commit_to_verdict,latency_minimal_commit_to_stream" {
 			t.Fatalf("%+v", rs)
 		}
-		if r := rs[0]; r.RatioP50ToBaseline == nil || math.Abs(*r.RatioP50ToBaseline-r.P50Ms/rs[2].P50Ms) > 1e-9 ||
-			r.RatioP99ToBaseline == nil || math.Abs(*r.RatioP99ToBaseline-r.P99Ms/rs[2].P99Ms) > 1e-9 {
-			t.Errorf("the ratios to the minimal relay: %+v", r)
+		// The ratios when both runs' writers reached 90 % of the rate (a
+		// loaded machine may not, in 40 TEDs), the reason otherwise.
+		if r := rs[0]; r.EventsPerS >= 180 && rs[2].EventsPerS >= 180 {
+			if r.RatioWithheld != nil || r.RatioP50ToBaseline == nil || math.Abs(*r.RatioP50ToBaseline-r.P50Ms/rs[2].P50Ms) > 1e-9 ||
+				r.RatioP99ToBaseline == nil || math.Abs(*r.RatioP99ToBaseline-r.P99Ms/rs[2].P99Ms) > 1e-9 {
+				t.Errorf("the ratios to the minimal relay: %+v", r)
+			}
+		} else if r.RatioWithheld == nil || r.RatioP50ToBaseline != nil || r.RatioP99ToBaseline != nil {
+			t.Errorf("a run's writers fell short of the rate (%.0f and %.0f of 200/s), yet the ratios: %+v", r.EventsPerS, rs[2].EventsPerS, r)
 		}
 		for i, r := range rs {
 			if r.N != 40 || r.MaxMs <= 0 || (i < 2 && r.PollsWithWork == nil) || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 {
