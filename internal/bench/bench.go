@@ -368,33 +368,38 @@ func combine(runs []Result) Result {
 	return c
 }
 
-// median of f over runs: the middle value, or the mean of the two middle
-// values of an even count.
+// median of f over runs.
 func median(runs []Result, f func(Result) float64) float64 {
 	xs := make([]float64, len(runs))
 	for i, r := range runs {
 		xs[i] = f(r)
 	}
+	return medianOf(xs)
+}
+
+// medianPtr is the median of f over the runs where it is set (nil in none).
+func medianPtr(runs []Result, f func(Result) *float64) *float64 {
+	var xs []float64
+	for _, r := range runs {
+		if p := f(r); p != nil {
+			xs = append(xs, *p)
+		}
+	}
+	if len(xs) == 0 {
+		return nil
+	}
+	return ptr(medianOf(xs))
+}
+
+// medianOf is the middle value of xs (not empty; sorted in place), or the
+// mean of the two middle values of an even count.
+func medianOf(xs []float64) float64 {
 	slices.Sort(xs)
 	m := len(xs) / 2
 	if len(xs)%2 == 1 {
 		return xs[m]
 	}
 	return (xs[m-1] + xs[m]) / 2
-}
-
-// medianPtr is the median of f over the runs where it is set (nil in none).
-func medianPtr(runs []Result, f func(Result) *float64) *float64 {
-	var set []Result
-	for _, r := range runs {
-		if f(r) != nil {
-			set = append(set, r)
-		}
-	}
-	if len(set) == 0 {
-		return nil
-	}
-	return ptr(median(set, func(r Result) float64 { return *f(r) }))
 }
 
 func countIf(runs []Result, f func(Result) bool) int {
