@@ -36,9 +36,9 @@ const (
 	// was 1.0 to 1.7 times what it is without, in runs of two days, and the
 	// writers' throughput the same within noise (docs/log.md, 2026-12-03).
 	DefaultBusyPace time.Duration = 0
-	// DefaultBusyRows: a relay tells writers to stop notifying when a claim
-	// after the first of a drain finds 8 rows, several commits per round
-	// trip (relay/wakeup.go).
+	// DefaultBusyRows: a relay tells writers to stop notifying when its
+	// claims find 8 rows within 20 ms, 400 commits a second and up
+	// (relay/wakeup.go).
 	DefaultBusyRows = 8
 )
 
@@ -104,12 +104,14 @@ type Config struct {
 	// load (a relay that drains one batch and goes back to sleep never
 	// paces). Zero or negative: never pause (the default).
 	BusyPace time.Duration
-	// BusyRows is how many rows a claim after the first of a drain must find
-	// (or a full batch) for the relay to tell writers to stop notifying
-	// while it drains (the "busy" state). Lower, a relay goes busy at a
-	// lower rate; each commit may then wait a linger step (0.5 ms) for the
-	// next claim instead of waking it, and each writer saves its NOTIFY.
-	// Default DefaultBusyRows.
+	// BusyRows is how many rows the relay's claims must find within 20 ms,
+	// in two claims or more, or one claim after the first of a drain (or a
+	// full batch), for the relay to tell writers to stop notifying while it
+	// drains (the "busy" state); it stays busy while its claims of the last
+	// 20 ms find as many. Lower, a relay goes busy at a lower rate; each
+	// commit may then wait a linger step (0.5 ms) for the next claim
+	// instead of waking it, and each writer saves its NOTIFY. Default
+	// DefaultBusyRows.
 	BusyRows int
 	// ReapInterval is how often the reaper looks for expired leases.
 	// Default: Lease/2.

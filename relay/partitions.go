@@ -48,6 +48,9 @@ type leases struct {
 	renewed bool
 	held    map[int]lease
 	due     time.Time // next renewal
+	// relays: the partition owners alive at the last renewal, this one
+	// included (relay_lease_share).
+	relays int
 }
 
 // lease is one slot this relay holds: the fencing token, and until when this
@@ -84,10 +87,34 @@ func (*partitionLeases) overlapsMarks() bool { return true }
 // relay drains only its own slots: wake the others at every batch while
 // busy, and when it says "sleep" (delivered at commit, after the writers
 // that saw it busy: their rows may be in other slots).
+//
+// Not while it is the only relay and holds every slot, its leases all
+// current: every row is then in its slots, and there is no one to wake. A
+// NOTIFY makes its transaction's commit wait for the cluster-wide lock
+// that notifying commits take in turn, each through its WAL flush: behind
+// writers that notify (a relay that says "sleep" between short batches, at
+// a few hundred TEDs/s), every round trip of the relay's took 100 ms and
+// more. A relay that starts meanwhile gets slots only from this one's next
+// renewal (they are all held), which counts it, and the wake-ups resume.
 func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
-	if op != flagNone || p.r.state == saidBusy {
+	if (op != flagNone || p.r.state == saidBusy) && !p.alone(time.Now()) {
 		queue(b, p.r.notify(p.r.wakePayload()))
 	}
+}
+
+// alone: at its last renewal this relay was the only partition owner alive
+// and it holds every slot, none of them past its lease at now.
+func (p *partitionLeases) alone(now time.Time) bool {
+	l := &p.leases
+	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots {
+		return false
+	}
+	for _, x := range l.held {
+		if !x.until.After(now) {
+			return false
+		}
+	}
+	return true
 }
 
 // read reads the publishable rows of the slots this relay may publish now,
@@ -185,7 +212,7 @@ func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error
 			lost++
 		}
 	}
-	l.held, l.slots, l.renewed = next, slots, true
+	l.held, l.slots, l.renewed, l.relays = next, slots, true, relays
 	r.cfg.Metrics.slots(len(next))
 	if lost > 0 {
 		r.log.Warn("partition leases lost to other relays (this relay did not renew them in time)", slog.Int("slots", lost))

@@ -2,9 +2,11 @@ package relay_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -216,5 +219,136 @@ func TestBusyPartitionOwnerWakesTheOthers(t *testing.T) {
 	}
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE partition_key = ANY($1) AND status = 'published'", sendersB) == len(sendersB)
+	}, "TEDs committed in b's slots while a was busy waited for b's poll (ten minutes)")
+}
+
+// A partition owner alone on its database, holding every slot, wakes no one:
+// its wake-up NOTIFY would make each of its round trips wait for the lock
+// that notifying commits take in turn (100 ms and more behind writers that
+// notify). Relay a drains a stream of commits alone, busy and asleep in
+// turn, and sends no wake-up; then relay b starts, takes its share at a's
+// next renewal, and TEDs committed in b's slots while a is busy are
+// published without waiting for b's poll (ten minutes): a wakes b again.
+func TestLonePartitionOwnerWakesNoOne(t *testing.T) {
+	f := newFixture(t)
+	var logs relaytest.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	start := func(name string) {
+		cfg := f.PartitionRelayConfig(name)
+		cfg.Logger = log.With("relay", name)
+		f.Run(f.NewRelay(cfg, nil).Run)
+	}
+	busy := func(name string, from int) func() bool { // in the logs after their first from bytes
+		return func() bool {
+			l := logs.Bytes()[from:]
+			return bytes.Contains(l, []byte("state=busy relay="+name)) || bytes.Contains(l, []byte("relay="+name+" state=busy"))
+		}
+	}
+
+	// Every wake-up sent on the relays' channel, by payload.
+	conn, err := f.Pool.Acquire(f.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(f.Ctx, "LISTEN "+relay.DefaultChannel); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	wakes := map[string]int{}
+	lctx, lcancel := context.WithCancel(f.Ctx)
+	var lwg sync.WaitGroup
+	lwg.Go(func() {
+		for {
+			n, err := conn.Conn().WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			wakes[n.Payload]++
+			mu.Unlock()
+		}
+	})
+	stopListening := func() map[string]int {
+		lcancel()
+		lwg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(wakes)
+	}
+	defer stopListening()
+
+	start("a")
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.LeaseHolders()["a"] == 16 }, "relay a did not take the 16 slots")
+	settle := func(from string) {
+		ted := transfer.Transfer{ID: uuid.New(), FromAccount: from, ToAccount: "acct-x", AmountCents: 100}
+		if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
+			t.Error(err)
+		}
+	}
+	writers := func(senders func(i int) string) (stop func()) {
+		var wg sync.WaitGroup
+		done := make(chan struct{})
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; ; i += 8 {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					settle(senders(i))
+				}
+			})
+		}
+		return func() { close(done); wg.Wait() }
+	}
+	stop := writers(func(i int) string { return fmt.Sprintf("acct-%d", i%200) })
+	outboxtest.Eventually(t, 10*time.Second, busy("a", 0), "relay a never told writers it was busy")
+	time.Sleep(time.Second) // busy and asleep in turn, alone
+	stop()
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE status <> 'published'") == 0
+	}, "relay a did not publish the TEDs")
+	if got := stopListening()["relay:a"]; got != 0 {
+		t.Fatalf("relay a, alone with every slot, sent %d wake-ups", got)
+	}
+
+	start("b")
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		h := f.LeaseHolders()
+		return len(h) == 2 && h.Each(8)
+	}, "relay b did not get its share of the slots")
+	ofA := map[int]bool{}
+	var inB []string
+	rows, err := f.Pool.Query(f.Ctx, "SELECT slot FROM outbox_relay_partitions WHERE owner = 'a'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range slots {
+		ofA[int(s)] = true
+	}
+	var inA []string
+	for i := 0; len(inA) < 50 || len(inB) < 20; i++ {
+		key := fmt.Sprintf("acct-b-%d", i)
+		if ofA[partition.Of(key, 16)] {
+			inA = append(inA, key)
+		} else {
+			inB = append(inB, key)
+		}
+	}
+	from := len(logs.Bytes())
+	stop = writers(func(i int) string { return inA[i%len(inA)] })
+	defer stop()
+	outboxtest.Eventually(t, 10*time.Second, busy("a", from), "relay a never told writers it was busy beside b")
+	for _, from := range inB[:20] {
+		settle(from)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM outbox_messages WHERE partition_key = ANY($1) AND status = 'published'", inB[:20]) == 20
 	}, "TEDs committed in b's slots while a was busy waited for b's poll (ten minutes)")
 }

@@ -89,6 +89,9 @@ type Relay struct {
 	// (wakeup.go), and when rows it failed become claimable again.
 	state   wakeState
 	retries retrySchedule
+	// recent: the claims that found rows in the last busyWindow, across
+	// drains: the commit rate the busy rule reads.
+	recent claimWindow
 	// resync: the LISTEN connection came back; writers may have been told
 	// nothing since (a PostgreSQL crash can undo the flag's last change), so
 	// the next drain must say "sleep" again before waiting.

@@ -153,14 +153,69 @@ type wakeup struct {
 //
 // A wake-up usually finds one small batch; saying "busy" and "asleep"
 // around it would cost two statements and buy nothing. Writers are told to
-// stop notifying only once a second claim in a row finds Config.BusyRows rows
-// (or a full batch): the relay is then draining a stream of commits.
+// stop notifying only when commits arrive faster than one wake-up per
+// commit is worth (busyNow), or a claim after the first of a drain finds
+// Config.BusyRows rows (or a full batch).
 func (r *Relay) newWakeup(polled bool) *wakeup {
 	w := &wakeup{r: r}
 	if polled {
 		w.op = flagSleep
 	}
 	return w
+}
+
+// claimWindow holds the claims that found rows in the last busyWindow:
+// when, and how many rows.
+type claimWindow struct {
+	at   []time.Time
+	rows []int
+	sum  int
+}
+
+// busyWindow is how far back the busy rule counts claimed rows: with
+// DefaultBusyRows, 8 rows in 20 ms, a rate of 400 TEDs/s and up.
+const busyWindow = 20 * time.Millisecond
+
+// add records a claim of n rows at now, and forgets what is older than
+// busyWindow.
+func (c *claimWindow) add(now time.Time, n int) {
+	c.at = append(c.at, now)
+	c.rows = append(c.rows, n)
+	c.sum += n
+	c.trim(now)
+}
+
+// trim forgets the claims older than busyWindow at now.
+func (c *claimWindow) trim(now time.Time) {
+	i := 0
+	for i < len(c.at) && now.Sub(c.at[i]) > busyWindow {
+		c.sum -= c.rows[i]
+		i++
+	}
+	if i > 0 {
+		c.at = append(c.at[:0], c.at[i:]...)
+		c.rows = append(c.rows[:0], c.rows[i:]...)
+	}
+}
+
+// busyNow: the claims of the last busyWindow, two or more, found
+// Config.BusyRows rows between them. That is the commit rate, whatever the
+// size of each claim: how many rows a claim finds depends on how long the
+// relay's round trip takes, and a rule on that alone sent writers back to
+// notifying whenever the relay got faster. At that rate a NOTIFY per commit
+// costs writers more than waking the relay saves: notifying commits take a
+// lock in turn, each through its WAL flush.
+func (r *Relay) busyNow(now time.Time) bool {
+	return len(r.recent.at) >= 2 && r.stillBusy(now)
+}
+
+// stillBusy: the claims of the last busyWindow found Config.BusyRows rows,
+// however many claims found them: a busy relay lingers while it holds.
+// Under heavy load a round trip can outlast busyWindow, and each claim then
+// finds many rows.
+func (r *Relay) stillBusy(now time.Time) bool {
+	r.recent.trim(now)
+	return r.recent.sum >= min(r.cfg.BusyRows, r.cfg.BatchSize)
 }
 
 // sent records a claim's round trip: what it told writers, if it succeeded.
@@ -184,13 +239,15 @@ func (w *wakeup) empty(ctx context.Context) (done bool) {
 	switch {
 	case r.state == asleep:
 		return true
-	case r.state == saidBusy && w.lingered < busyLingerClaims:
+	case r.state == saidBusy && (w.lingered < busyLingerClaims || r.stillBusy(time.Now())):
 		// Busy, and the claim came back empty: commits arrive in waves
-		// (one per WAL flush), so wait a little for the next one before
-		// asking writers to notify again. Each NOTIFY costs its writer a
-		// flush of its own.
+		// (one per WAL flush, longer apart the busier the disk), so wait
+		// for the next one before asking writers to notify again, as
+		// long as the rate that made this relay busy holds, and
+		// busyLingerClaims times after. Each NOTIFY costs its writer a
+		// flush of its own, in turn with the other notifying writers.
 		w.lingered++
-		retry.Sleep(ctx, busyLingerStep)
+		retry.Sleep(ctx, lingerStep(w.lingered))
 	default:
 		if w.sentOp == flagSleep {
 			// The sleep found writers that saw us busy still in their
@@ -208,10 +265,16 @@ func (w *wakeup) empty(ctx context.Context) (done bool) {
 func (w *wakeup) published(ctx context.Context, res BatchResult) {
 	r := w.r
 	w.lingered = 0
-	// "Busy" is said only with a LISTEN backend to say it as: the other
-	// relays take it back if that backend goes.
-	if w.nonEmpty++; r.state != saidBusy && w.nonEmpty >= 2 && res.Claimed >= min(r.cfg.BusyRows, r.cfg.BatchSize) &&
-		r.listenPID.Load() != 0 {
+	now := time.Now()
+	r.recent.add(now, res.Claimed)
+	// Busy at the rate of busyNow, or when a claim after the first of this
+	// drain finds BusyRows rows (or a full batch): slow round trips, each
+	// over busyWindow, still meet several commits each. "Busy" is said only
+	// with a LISTEN backend to say it as: the other relays take it back if
+	// that backend goes.
+	w.nonEmpty++
+	busy := r.busyNow(now) || w.nonEmpty >= 2 && res.Claimed >= min(r.cfg.BusyRows, r.cfg.BatchSize)
+	if r.state != saidBusy && busy && r.listenPID.Load() != 0 {
 		w.op = flagBusy
 	}
 	if r.state == saidBusy && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
@@ -234,22 +297,37 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// A relay that told writers it is busy claims up to busyLingerClaims more
-// times, busyLingerStep apart, before it goes back to sleep. It tells them
-// so only when a claim after the first of a drain finds BusyRows rows (or
-// a full batch): several commits per round trip, a rate at which their
-// NOTIFYs cost the writers more than waking the relay saves. Below it each
-// commit wakes the relay at once; busy, a commit can wait a linger step for
-// the next claim. With a 2 ms step, at 200 TEDs/s (one commit every 5 ms)
-// the relay lingered from one commit to the next and tripled commit →
+// A relay that told writers it is busy claims again after each empty claim
+// while its claims of the last busyWindow found BusyRows rows (stillBusy),
+// and busyLingerClaims times after, before it goes back to sleep: a
+// busyLingerStep later at first, then less often (lingerStep). It tells
+// them so only at BusyRows rows in busyWindow (busyNow): a rate at which
+// their NOTIFYs cost the writers more than waking the relay saves. Below it
+// each commit wakes the relay at once; busy, a commit can wait a linger step
+// for the next claim. With a 2 ms step, at 200 TEDs/s (one commit every
+// 5 ms) the relay lingered from one commit to the next and tripled commit →
 // stream. At 1,000/s a 0.5 ms step without the pace gave p50 and p99 of
 // 0.6× and 0.4× those of the 2 ms step and pace in one session, the same
 // within noise in another, and the writers' throughput the same or better
-// (bench latency and bench writers, docs/log.md 2026-12-03).
+// (bench latency and bench writers, docs/log.md 2026-12-03). Three steps
+// alone let 32 writers' WAL-flush waves outlast them: the relay slept
+// between waves of a steady stream, and the writers notified, in turn,
+// until it was busy again (docs/log.md 2026-12-05).
 const (
 	busyLingerClaims = 3
 	busyLingerStep   = 500 * time.Microsecond
+	busyLingerMax    = 2 * time.Millisecond
 )
+
+// lingerStep is the pause after the n-th empty claim in a row of a busy
+// relay: busyLingerStep for the first three, then twice the last, up to
+// busyLingerMax.
+func lingerStep(n int) time.Duration {
+	if n <= busyLingerClaims {
+		return busyLingerStep
+	}
+	return min(busyLingerStep<<min(n-busyLingerClaims, 8), busyLingerMax)
+}
 
 // setState moves the wake-up state, with a debug line per change: the
 // chaos suite reads them to hold a writer open while this relay is the only

@@ -70,37 +70,72 @@ func TestRetryScheduleKeepsEveryTimeUntilCovered(t *testing.T) {
 	}
 }
 
-// A drain tells writers it is busy only when its claims find several
-// commits per round trip: at a low rate, two single-row claims in a row
-// (a commit landing during the first's publish) must not put the relay in
-// the busy state, where each commit waits up to a pace or linger step for
-// the next claim. A full batch, however small, is a backlog.
-func TestBusyOnlyWithSeveralCommitsPerClaim(t *testing.T) {
+// A drain tells writers it is busy only at a rate of several commits per
+// busyWindow, whatever the size of each claim: at a low rate, two single-row
+// claims in a row (a commit landing during the first's publish) must not put
+// the relay in the busy state, where each commit waits up to a linger step
+// for the next claim; a fast relay whose claims each find a row or two of a
+// steady stream must. Claims further apart than busyWindow (slow round
+// trips) count on their own: busy when one after the first of a drain finds
+// BusyRows rows. A full batch, however small, is a backlog.
+func TestBusyOnlyAtARateOfSeveralCommits(t *testing.T) {
 	ctx := t.Context()
+	apart := busyWindow + 5*time.Millisecond
 	for _, c := range []struct {
 		batch   int
 		claimed []int
+		gap     time.Duration // between claims
 		busy    bool
 		rows    int // Config.BusyRows (0: the default)
 	}{
-		{500, []int{1, 1, 1}, false, 0},
-		{500, []int{1, DefaultBusyRows - 1}, false, 0},
-		{500, []int{1, DefaultBusyRows}, true, 0},
-		{500, []int{DefaultBusyRows}, false, 0}, // the first claim of a drain: a wake-up
-		{1, []int{1, 1}, true, 0},
-		{500, []int{1, 2}, true, 2},
-		{500, []int{1, 1}, false, 2},
+		{500, []int{1, 1, 1}, 0, false, 0},
+		{500, []int{1, DefaultBusyRows - 2}, 0, false, 0},
+		{500, []int{1, DefaultBusyRows - 1}, 0, true, 0},
+		{500, []int{1, 1, 1, 1, 1, 1, 1, 1}, 0, true, 0}, // a fast relay in a stream
+		{500, []int{DefaultBusyRows}, 0, false, 0},       // the first claim of a drain: a wake-up
+		{500, []int{4, 4, 4}, apart, false, 0},           // a slow trickle
+		{500, []int{1, DefaultBusyRows}, apart, true, 0}, // slow round trips in a stream
+		{1, []int{1, 1}, apart, true, 0},
+		{500, []int{1, 1}, 0, true, 2},
+		{500, []int{1}, 0, false, 2},
 	} {
 		r := &Relay{cfg: Config{BatchSize: c.batch, BusyPace: -1, BusyRows: cmp.Or(c.rows, DefaultBusyRows)}}
 		r.listenPID.Store(42)
 		w := r.newWakeup(false)
-		for _, n := range c.claimed {
+		for i, n := range c.claimed {
+			if i > 0 {
+				time.Sleep(c.gap)
+			}
 			w.sent(BatchResult{Claimed: n}, nil)
 			w.published(ctx, BatchResult{Claimed: n})
 		}
 		if got := w.op == flagBusy; got != c.busy {
-			t.Errorf("batch %d, busy rows %d, claims of %v rows: says busy %v, want %v", c.batch, r.cfg.BusyRows, c.claimed, got, c.busy)
+			t.Errorf("batch %d, busy rows %d, claims of %v rows %s apart: says busy %v, want %v", c.batch, r.cfg.BusyRows, c.claimed, c.gap, got, c.busy)
 		}
+	}
+}
+
+// A busy relay whose claim comes back empty keeps claiming while the rate
+// that made it busy holds (writers commit in waves, one per WAL flush, and
+// going to sleep between two waves makes every writer notify until it is
+// busy again), and busyLingerClaims times after; then it says "sleep".
+func TestBusyRelayLingersWhileTheRateHolds(t *testing.T) {
+	ctx := t.Context()
+	r := &Relay{cfg: Config{BatchSize: 500, BusyPace: -1, BusyRows: DefaultBusyRows}}
+	r.state = saidBusy
+	r.recent.add(time.Now(), DefaultBusyRows)
+	w := r.newWakeup(false)
+	for i := range 2 * busyLingerClaims {
+		if w.empty(ctx) || w.op != flagNone {
+			t.Fatalf("empty claim %d, %d rows claimed just before: the relay stopped lingering (op %d)", i+1, DefaultBusyRows, w.op)
+		}
+	}
+	time.Sleep(busyWindow)
+	if w.empty(ctx) || w.op != flagSleep {
+		t.Fatalf("no rows for %s after %d empty claims: op %d, want the sleep", busyWindow, w.lingered, w.op)
+	}
+	if lingerStep(1) != busyLingerStep || lingerStep(busyLingerClaims+1) != 2*busyLingerStep || lingerStep(100) != busyLingerMax {
+		t.Errorf("linger steps %s, %s, %s", lingerStep(1), lingerStep(busyLingerClaims+1), lingerStep(100))
 	}
 }
 

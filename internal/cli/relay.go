@@ -24,7 +24,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease when the relay leases partitions; expired claims are returned to pending")
 	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
 	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
-	fs.IntVar(&cfg.BusyRows, "busy-rows", relay.DefaultBusyRows, "tell writers to stop notifying while draining once a claim after the first of a drain finds this many rows (or a full batch)")
+	fs.IntVar(&cfg.BusyRows, "busy-rows", relay.DefaultBusyRows, "tell writers to stop notifying while draining once claims find this many rows within 20 ms (or one claim after the first of a drain does, or a full batch)")
 	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
 	fs.DurationVar(&cfg.Redelivery, "redelivery-window", 0, "how long after an event may first have reached the broker (unmarked) it may be published again; after it the event goes dead. 0: max-attempts × (lease + reap + publish timeout + backoff max), 58m by default. The consumers' --relay-redelivery must be at least this")
