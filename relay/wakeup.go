@@ -309,10 +309,12 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 // stream. At 1,000/s a 0.5 ms step without the pace gave p50 and p99 of
 // 0.6× and 0.4× those of the 2 ms step and pace in one session, the same
 // within noise in another, and the writers' throughput the same or better
-// (bench latency and bench writers, docs/log.md 2026-12-03). Three steps
-// alone let 32 writers' WAL-flush waves outlast them: the relay slept
-// between waves of a steady stream, and the writers notified, in turn,
-// until it was busy again (docs/log.md 2026-12-05).
+// (bench latency and bench writers, docs/log.md 2026-12-03). With the rule
+// of before (rows per claim, then three steps), a relay with short round
+// trips (a lone partition owner that sends no wake-up NOTIFY) fell asleep
+// between the waves of 32 writers far more often: 85-1,927 notifications
+// per 6 s run against 52-329, and the writers lost an eighth of their
+// throughput (docs/log.md, 2026-12-05 morning).
 const (
 	busyLingerClaims = 3
 	busyLingerStep   = 500 * time.Microsecond
