@@ -49,8 +49,12 @@ type leases struct {
 	held    map[int]lease
 	due     time.Time // next renewal
 	// relays: the partition owners alive at the last renewal, this one
-	// included (relay_lease_share).
+	// included (relay_lease_share); pid, the LISTEN backend that renewal
+	// carried (0: none). The slots are this relay's while that backend
+	// lives: once it is gone, the other relays free them at once
+	// (relay_bury.sql), without waiting for the leases to run out.
 	relays int
+	pid    uint32
 }
 
 // lease is one slot this relay holds: the fencing token, and until when this
@@ -95,7 +99,9 @@ func (*partitionLeases) overlapsMarks() bool { return true }
 // writers that notify (a relay that says "sleep" between short batches, at
 // a few hundred TEDs/s), every round trip of the relay's took 100 ms and
 // more. A relay that starts meanwhile gets slots only from this one's next
-// renewal (they are all held), which counts it, and the wake-ups resume.
+// renewal (they are all held), which counts it, or once this one's LISTEN
+// backend is gone (alone checks it is the one its renewal carried), and
+// the wake-ups resume.
 func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
 	if (op != flagNone || p.r.state == saidBusy) && !p.alone(time.Now()) {
 		queue(b, p.r.notify(p.r.wakePayload()))
@@ -103,10 +109,12 @@ func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
 }
 
 // alone: at its last renewal this relay was the only partition owner alive
-// and it holds every slot, none of them past its lease at now.
+// and it holds every slot, none of them past its lease at now, and the
+// LISTEN backend that renewal carried is still its own (a relay whose
+// backend went may have lost its slots to a joining relay already).
 func (p *partitionLeases) alone(now time.Time) bool {
 	l := &p.leases
-	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots {
+	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots || l.pid == 0 || l.pid != p.r.listenPID.Load() {
 		return false
 	}
 	for _, x := range l.held {
@@ -166,7 +174,8 @@ func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	held, err := collectLeases(ctx, tx, queries.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, r.listenPID.Load()))
+	pid := r.listenPID.Load()
+	held, err := collectLeases(ctx, tx, queries.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, pid))
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
@@ -192,7 +201,7 @@ func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error
 	}
 	var taken []heldSlot
 	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, queries.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), r.listenPID.Load()))
+		taken, err = collectLeases(ctx, tx, queries.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), pid))
 		if err != nil {
 			return false, fmt.Errorf("acquire partition leases: %w", err)
 		}
@@ -212,7 +221,7 @@ func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error
 			lost++
 		}
 	}
-	l.held, l.slots, l.renewed, l.relays = next, slots, true, relays
+	l.held, l.slots, l.renewed, l.relays, l.pid = next, slots, true, relays, pid
 	r.cfg.Metrics.slots(len(next))
 	if lost > 0 {
 		r.log.Warn("partition leases lost to other relays (this relay did not renew them in time)", slog.Int("slots", lost))

@@ -242,9 +242,9 @@ func (w *wakeup) empty(ctx context.Context) (done bool) {
 	case r.state == saidBusy && (w.lingered < busyLingerClaims || r.stillBusy(time.Now())):
 		// Busy, and the claim came back empty: commits arrive in waves
 		// (one per WAL flush, longer apart the busier the disk), so wait
-		// for the next one before asking writers to notify again, as
-		// long as the rate that made this relay busy holds, and
-		// busyLingerClaims times after. Each NOTIFY costs its writer a
+		// for the next one before asking writers to notify again: at
+		// least busyLingerClaims times, and as long as the rate that
+		// made this relay busy holds. Each NOTIFY costs its writer a
 		// flush of its own, in turn with the other notifying writers.
 		w.lingered++
 		retry.Sleep(ctx, lingerStep(w.lingered))
@@ -297,12 +297,13 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// A relay that told writers it is busy claims again after each empty claim
-// while its claims of the last busyWindow found BusyRows rows (stillBusy),
-// and busyLingerClaims times after, before it goes back to sleep: a
-// busyLingerStep later at first, then less often (lingerStep). It tells
-// them so only at BusyRows rows in busyWindow (busyNow): a rate at which
-// their NOTIFYs cost the writers more than waking the relay saves. Below it
+// A relay that told writers it is busy claims again after an empty claim,
+// at least busyLingerClaims times in a row and as long as its claims of the
+// last busyWindow found BusyRows rows (stillBusy), before it goes back to
+// sleep: a busyLingerStep later at first, then less often (lingerStep). It
+// tells them so at BusyRows rows in busyWindow (busyNow), or BusyRows in
+// one claim after the first of a drain: a rate at which their NOTIFYs cost
+// the writers more than waking the relay saves. Below it
 // each commit wakes the relay at once; busy, a commit can wait a linger step
 // for the next claim. With a 2 ms step, at 200 TEDs/s (one commit every
 // 5 ms) the relay lingered from one commit to the next and tripled commit →

@@ -92,7 +92,7 @@ func TestBusyOnlyAtARateOfSeveralCommits(t *testing.T) {
 		{500, []int{1, DefaultBusyRows - 2}, 0, false, 0},
 		{500, []int{1, DefaultBusyRows - 1}, 0, true, 0},
 		{500, []int{1, 1, 1, 1, 1, 1, 1, 1}, 0, true, 0}, // a fast relay in a stream
-		{500, []int{DefaultBusyRows}, 0, false, 0},       // the first claim of a drain: a wake-up
+		{500, []int{DefaultBusyRows}, 0, false, 0},       // a drain's first claim, no recent claims: a wake-up
 		{500, []int{4, 4, 4}, apart, false, 0},           // a slow trickle
 		{500, []int{1, DefaultBusyRows}, apart, true, 0}, // slow round trips in a stream
 		{1, []int{1, 1}, apart, true, 0},
@@ -123,19 +123,36 @@ func TestBusyRelayLingersWhileTheRateHolds(t *testing.T) {
 	ctx := t.Context()
 	r := &Relay{cfg: Config{BatchSize: 500, BusyPace: -1, BusyRows: DefaultBusyRows}}
 	r.state = saidBusy
-	r.recent.add(time.Now(), DefaultBusyRows)
 	w := r.newWakeup(false)
 	for i := range 2 * busyLingerClaims {
+		r.recent.add(time.Now(), DefaultBusyRows) // the rate holds
 		if w.empty(ctx) || w.op != flagNone {
 			t.Fatalf("empty claim %d, %d rows claimed just before: the relay stopped lingering (op %d)", i+1, DefaultBusyRows, w.op)
 		}
 	}
-	time.Sleep(busyWindow)
+	time.Sleep(busyWindow + time.Millisecond)
 	if w.empty(ctx) || w.op != flagSleep {
 		t.Fatalf("no rows for %s after %d empty claims: op %d, want the sleep", busyWindow, w.lingered, w.op)
 	}
 	if lingerStep(1) != busyLingerStep || lingerStep(busyLingerClaims+1) != 2*busyLingerStep || lingerStep(100) != busyLingerMax {
 		t.Errorf("linger steps %s, %s, %s", lingerStep(1), lingerStep(busyLingerClaims+1), lingerStep(100))
+	}
+}
+
+// Below the rate, a busy relay still lingers busyLingerClaims times before it
+// says "sleep": commits arrive in waves, one per WAL flush.
+func TestBusyRelayLingersAFewClaimsBelowTheRate(t *testing.T) {
+	ctx := t.Context()
+	r := &Relay{cfg: Config{BatchSize: 500, BusyPace: -1, BusyRows: DefaultBusyRows}}
+	r.state = saidBusy
+	w := r.newWakeup(false)
+	for i := range busyLingerClaims {
+		if w.empty(ctx) || w.op != flagNone {
+			t.Fatalf("empty claim %d of a busy relay: op %d, want a linger step first", i+1, w.op)
+		}
+	}
+	if w.empty(ctx) || w.op != flagSleep {
+		t.Fatalf("after %d lingers below the rate: op %d, want the sleep", busyLingerClaims, w.op)
 	}
 }
 
@@ -159,6 +176,34 @@ func TestBusyRelayPacesOnlyWhenAsked(t *testing.T) {
 		w.published(t.Context(), BatchResult{Claimed: 1})
 		if took := time.Since(start); (took >= pace) != c.paused {
 			t.Errorf("busy pace %s: a small batch's publish returned after %s, want a pause of %s: %v", c.cfg.BusyPace, took, pace, c.paused)
+		}
+	}
+}
+
+// A lone partition owner sends no wake-up NOTIFY only while the LISTEN
+// backend its last renewal carried is still its own: once that backend is
+// gone, the other relays free its slots at once (relay_bury.sql), and one
+// that joins may hold some before this relay's next renewal counts it.
+func TestLoneOwnerOnlyWithTheBackendItsRenewalCarried(t *testing.T) {
+	now := time.Now()
+	held := map[int]lease{0: {until: now.Add(time.Minute)}, 1: {until: now.Add(time.Minute)}}
+	for _, c := range []struct {
+		name          string
+		renewed, live uint32
+		relays        int
+		alone         bool
+	}{
+		{"its backend, alone", 42, 42, 1, true},
+		{"a new backend since the renewal", 42, 43, 1, false},
+		{"no backend now", 42, 0, 1, false},
+		{"renewed without a backend", 0, 0, 1, false},
+		{"another relay alive", 42, 42, 2, false},
+	} {
+		r := &Relay{}
+		r.listenPID.Store(c.live)
+		p := &partitionLeases{r: r, leases: leases{slots: 2, held: held, relays: c.relays, pid: c.renewed}}
+		if got := p.alone(now); got != c.alone {
+			t.Errorf("%s: alone %v, want %v", c.name, got, c.alone)
 		}
 	}
 }
