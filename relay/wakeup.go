@@ -164,37 +164,38 @@ func (r *Relay) newWakeup(polled bool) *wakeup {
 	return w
 }
 
-// claimWindow holds the claims that found rows in the last busyWindow:
-// when, and how many rows.
+// claimWindow holds the claims that found rows in the last busyWindow
+// (when, and how many rows) and their rows' sum.
 type claimWindow struct {
-	at   []time.Time
-	rows []int
-	sum  int
+	claims []windowClaim
+	sum    int
+}
+
+type windowClaim struct {
+	at   time.Time
+	rows int
 }
 
 // busyWindow is how far back the busy rule counts claimed rows: with
 // DefaultBusyRows, 8 rows in 20 ms, a rate of 400 TEDs/s and up.
 const busyWindow = 20 * time.Millisecond
 
-// add records a claim of n rows at now, and forgets what is older than
-// busyWindow.
+// add records a claim of n rows at now (busyNow and stillBusy forget what
+// is older than busyWindow).
 func (c *claimWindow) add(now time.Time, n int) {
-	c.at = append(c.at, now)
-	c.rows = append(c.rows, n)
+	c.claims = append(c.claims, windowClaim{now, n})
 	c.sum += n
-	c.trim(now)
 }
 
 // trim forgets the claims older than busyWindow at now.
 func (c *claimWindow) trim(now time.Time) {
 	i := 0
-	for i < len(c.at) && now.Sub(c.at[i]) > busyWindow {
-		c.sum -= c.rows[i]
+	for i < len(c.claims) && now.Sub(c.claims[i].at) > busyWindow {
+		c.sum -= c.claims[i].rows
 		i++
 	}
 	if i > 0 {
-		c.at = append(c.at[:0], c.at[i:]...)
-		c.rows = append(c.rows[:0], c.rows[i:]...)
+		c.claims = append(c.claims[:0], c.claims[i:]...)
 	}
 }
 
@@ -206,7 +207,8 @@ func (c *claimWindow) trim(now time.Time) {
 // costs writers more than waking the relay saves: notifying commits take a
 // lock in turn, each through its WAL flush.
 func (r *Relay) busyNow(now time.Time) bool {
-	return len(r.recent.at) >= 2 && r.stillBusy(now)
+	ok := r.stillBusy(now) // trims first
+	return ok && len(r.recent.claims) >= 2
 }
 
 // stillBusy: the claims of the last busyWindow found Config.BusyRows rows,
