@@ -52,7 +52,19 @@ func (e *effects) newEffectCall(k Keys, batch, fence string, now time.Time) *eff
 			k.Verdict(""),
 			fence,
 			strconv.Itoa(e.cfg.AuditLen),
+			"1", "0", "0", // numbered when sent
 		},
+	}
+}
+
+// numbered says the call is the batch's no-th (from 1), sent in a pipeline
+// after its call follows (0: first in its pipeline) and before another when
+// more: a call runs only after the one before it in its pipeline ran
+// (effect.lua).
+func (c *effectCall) numbered(no, follows int, more bool) {
+	c.args[10], c.args[11], c.args[12] = strconv.Itoa(no), strconv.Itoa(follows), "0"
+	if more {
+		c.args[12] = "1"
 	}
 }
 
@@ -88,7 +100,7 @@ func (c *effectCall) markEarlier(j int) {
 // How effect.lua's arguments and keys are laid out: the call's, then each
 // event's.
 const (
-	callArgs  = 10
+	callArgs  = 13
 	eventArgs = 11
 )
 

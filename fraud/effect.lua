@@ -22,7 +22,9 @@
 -- KEYS[3] alerts stream         KEYS[4] the partition's lease (ownership.go)
 -- KEYS[5] the audit stream (Config.AuditLen): the effects in the order applied
 -- KEYS[6] the batch's gate (a hash, one per batch: its senders whose event
---         failed in it; written only on a failure)
+--         failed in it, and under the field '' (no sender has an empty
+--         name) the number of the last call that ran when another follows
+--         it in one pipeline; written only then)
 -- then 7 per event, from KEYS[6 + 7(j-1) + 1] for the j-th:
 --   +1 dedupe marker            +2 verdict (per transfer)
 --   +3 sender's day totals      +4 day's senders set
@@ -41,7 +43,10 @@
 --         when the consumer applies events without owning the partition
 --         (its single steps, for tests and tools)
 -- ARGV[10] how many entries the audit stream keeps, about (0: no audit)
--- then 11 per event, from ARGV[10 + 11(j-1) + 1] for the j-th:
+-- ARGV[11] the call's number in its batch (1, 2, ...)
+-- ARGV[12] the number of the call it follows in its pipeline ('0': none)
+-- ARGV[13] '1' when another call follows it in its pipeline
+-- then 11 per event, from ARGV[13 + 11(j-1) + 1] for the j-th:
 --   +1 event_id                 +2 transfer_id
 --   +3 from_account             +4 amount_cents
 --   +5 settled_at (ms)          +6 to_account
@@ -72,6 +77,12 @@
 -- A failing event records its sender in the batch's gate; the sender's later
 -- events in the batch (in this call or a later one of the batch) find it
 -- and are held (HELD), to be applied again after the failed one, in order.
+-- The same goes for a whole call: the consumer sends several calls of a
+-- batch in one pipeline, and one of them may not run at all (refused for
+-- memory, or an error raised outside an event) while the next does. So a
+-- call that another follows in its pipeline records its number in the gate,
+-- and a call that does not find its predecessor's number there holds all
+-- its events (HELD): none of them runs after a call that did not.
 --
 -- Returns one element per event: {outcome, revised} (outcome 0 for a
 -- duplicate, 1 for approve, 2 for review; revised, how many later transfers
@@ -87,7 +98,8 @@
 -- approve to review, and once every transfer has arrived each verdict is the
 -- one settled order gives.
 local nKeys, nArgs = 7, 11
-local events = (#ARGV - 10) / nArgs
+local callArgs = 13
+local events = (#ARGV - callArgs) / nArgs
 if events ~= math.floor(events) or #KEYS ~= 6 + nKeys * events then
   return redis.error_reply('ERR effect script called with ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
@@ -116,9 +128,21 @@ end
 
 -- The senders held in this batch: those of the gate, and those that fail
 -- in this call.
-local held = {}
-for _, s in ipairs(redis.call('HKEYS', gateKey)) do
-  held[s] = true
+local held, ran = {}, nil
+local gate = redis.call('HGETALL', gateKey)
+for i = 1, #gate, 2 do
+  if gate[i] == '' then
+    ran = gate[i + 1]
+  else
+    held[gate[i]] = true
+  end
+end
+if ARGV[12] ~= '0' and ran ~= ARGV[12] then
+  local replies = {}
+  for j = 1, events do
+    replies[j] = redis.error_reply('HELD call ' .. ARGV[12] .. ' of this batch did not run')
+  end
+  return replies
 end
 
 -- What the call writes once: the counters and the windows' expiry; and
@@ -287,7 +311,7 @@ end
 -- The j-th event's effect; an error reply (or a raised error) fails it
 -- whole, before its first write.
 local function apply(j)
-  local kb, ab = 6 + nKeys * (j - 1), 10 + nArgs * (j - 1)
+  local kb, ab = 6 + nKeys * (j - 1), callArgs + nArgs * (j - 1)
   local seenKey, verdictKey, dayKey, daySendersKey, windowKey = KEYS[kb + 1], KEYS[kb + 2], KEYS[kb + 3], KEYS[kb + 4], KEYS[kb + 5]
   local eventID, transferID, from = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3]
   local amountArg, atArg = ARGV[ab + 4], ARGV[ab + 5]
@@ -567,7 +591,7 @@ end
 
 local replies = {}
 for j = 1, events do
-  local from = ARGV[10 + nArgs * (j - 1) + 3]
+  local from = ARGV[callArgs + nArgs * (j - 1) + 3]
   if held[from] then
     replies[j] = redis.error_reply('HELD an earlier event of sender ' .. from .. ' failed in this batch')
   else
@@ -597,5 +621,9 @@ for _, field in ipairs({'verdicts', 'reviews', 'duplicates_skipped'}) do
   if stats[field] > 0 then
     redis.call('HINCRBY', statsKey, field, string.format('%d', stats[field]))
   end
+end
+if ARGV[13] == '1' then
+  redis.call('HSET', gateKey, '', ARGV[11])
+  redis.call('PEXPIRE', gateKey, 60000)
 end
 return replies

@@ -27,38 +27,24 @@ type effects struct {
 // they outlive every redelivery.
 func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 
-// Handle applies the effect of each message of b, in order: a call of
-// effect.lua per effectsPerCall messages, one after another, each sent once
-// the one before has replied (so that a sender's failed event in one holds
-// its later ones in the next: Handle leaves them out, and the batch's gate
-// refuses them). While Redis runs a call, Handle decodes the messages of the
-// next.
+// Handle applies the effect of each message of b, in order, in calls of
+// effect.lua of up to effectsPerCall events each: the first call is sent as
+// soon as it is full, and while Redis runs it Handle decodes the rest of the
+// batch; once its reply is in, the other calls go in one pipeline, without
+// the events of the senders whose event failed in the first (Handle holds
+// them). Within that pipeline the script holds the rest: a sender's later
+// events behind its failed one (the batch's gate), and every event of a call
+// whose predecessor did not run (effect.lua, "Per-key order").
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {
 	res := make([]consumer.Result, len(b.Messages))
 	evs := make([]Event, len(b.Messages))
 	keys := Keys{Prefix: b.Keys.Prefix}
 	batch, now := uuid.NewString(), time.Now()
 	var (
-		order  consumer.Order // a sender's later TEDs wait behind one that fails here
-		call   *effectCall    // the call being filled
-		flight *effectFlight  // the call Redis is running
+		order consumer.Order // a sender's later TEDs wait behind one that fails here
+		calls []*effectCall  // the batch's calls, in order
+		first *effectFlight  // the first call, sent while the others are built
 	)
-	send := func() {
-		if flight != nil {
-			e.settle(b, flight, evs, res, &order)
-		}
-		flight = nil
-		if call != nil {
-			// The call before may have failed whole (a broken connection,
-			// an error before the script wrote the gate): its senders'
-			// events in this one wait too.
-			call = e.without(call, &order, b, keys, batch, now, evs, res)
-		}
-		if call != nil {
-			flight = e.start(ctx, b, call, evs)
-		}
-		call = nil
-	}
 	for i, m := range b.Messages {
 		if order.Holds(m) {
 			res[i] = consumer.Held(m)
@@ -79,54 +65,89 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			continue
 		}
 		evs[i] = ev
-		if call == nil {
-			call = e.newEffectCall(keys, batch, b.Fence, now)
+		if len(calls) == 0 || len(calls[len(calls)-1].msgs) == effectsPerCall {
+			calls = append(calls, e.newEffectCall(keys, batch, b.Fence, now))
 		}
+		call := calls[len(calls)-1]
 		call.add(keys, ev, i, e.cfg.Retention, now)
-		if len(call.msgs) == effectsPerCall {
-			send()
+		if first == nil && len(call.msgs) == effectsPerCall && i < len(b.Messages)-1 {
+			call.numbered(1, 0, false)
+			first = e.start(ctx, b, calls[:1], evs)
 		}
 	}
-	send() // the last call
-	send() // and its reply
+	rest := calls
+	if first != nil {
+		e.settle(b, first, evs, res, &order)
+		rest = calls[1:]
+	}
+	// The others, without the senders that failed by now (a call that
+	// failed whole, an error before the script wrote the gate, holds its
+	// senders' events in them too).
+	var send []*effectCall
+	for _, call := range rest {
+		if call = e.without(call, &order, b, keys, batch, now, evs, res); call != nil {
+			send = append(send, call)
+		}
+	}
+	if len(send) == 0 {
+		return res
+	}
+	no := len(calls) - len(rest)
+	for j, call := range send {
+		follows := 0
+		if j > 0 {
+			follows = no + j
+		}
+		call.numbered(no+j+1, follows, j < len(send)-1)
+	}
+	e.settle(b, e.start(ctx, b, send, evs), evs, res, &order)
 	return res
 }
 
-// effectFlight is a call of effect.lua that Redis runs: done is closed
-// once its reply (or error) is in.
+// effectFlight is a pipeline of calls of effect.lua that Redis runs: done
+// is closed once their replies (or errors) are in.
 type effectFlight struct {
-	call  *effectCall
-	done  chan struct{}
-	reply *redis.Cmd
-	err   error
+	calls   []*effectCall
+	done    chan struct{}
+	replies []*redis.Cmd
+	errs    []error
 }
 
-// start runs call on a goroutine of its own; settle waits for it.
-func (e *effects) start(ctx context.Context, b consumer.Batch, call *effectCall, evs []Event) *effectFlight {
-	f := &effectFlight{call: call, done: make(chan struct{})}
-	chunk := make([]Event, len(call.msgs))
-	for j, i := range call.msgs {
-		chunk[j] = evs[i]
-	}
+// start runs calls in one pipeline, on a goroutine of its own; settle
+// waits for it.
+func (e *effects) start(ctx context.Context, b consumer.Batch, calls []*effectCall, evs []Event) *effectFlight {
+	f := &effectFlight{calls: calls, done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		// An event applied under an earlier number of partitions has its
 		// marker under that layout's prefix (layouts.go): still through
 		// the script, to be fenced and counted as a duplicate.
-		earlier, err := e.appliedEarlier(ctx, chunk)
-		if err != nil {
-			f.err = err
-			return
-		}
-		for j, dup := range earlier {
-			if dup {
-				call.markEarlier(j)
+		for _, call := range calls {
+			chunk := make([]Event, len(call.msgs))
+			for j, i := range call.msgs {
+				chunk[j] = evs[i]
+			}
+			earlier, err := e.appliedEarlier(ctx, chunk)
+			if err != nil {
+				f.errs = make([]error, len(calls))
+				for i := range f.errs {
+					f.errs[i] = err
+				}
+				f.replies = make([]*redis.Cmd, len(calls))
+				return
+			}
+			for j, dup := range earlier {
+				if dup {
+					call.markEarlier(j)
+				}
 			}
 		}
-		replies, errs := consumer.RunScripts(ctx, e.rdb, b,
-			[]consumer.ScriptCall{{Script: effectScript, Keys: call.keys, Args: call.args}},
+		scripts := make([]consumer.ScriptCall, len(calls))
+		for i, call := range calls {
+			scripts[i] = consumer.ScriptCall{Script: effectScript, Keys: call.keys, Args: call.args}
+		}
+		f.replies, f.errs = consumer.RunScripts(ctx, e.rdb, b, scripts,
 			consumer.Replicas{Min: e.cfg.MinReplicas, Timeout: e.cfg.ReplicaTimeout})
-		f.reply, f.err = replies[0], errs[0]
 	}()
 	return f
 }
@@ -156,22 +177,24 @@ func (e *effects) without(call *effectCall, order *consumer.Order, b consumer.Ba
 // failures in order.
 func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []consumer.Result, order *consumer.Order) {
 	<-f.done
-	var out []effectReply
-	err := f.err
-	if err == nil {
-		out, err = effectResults(f.reply, len(f.call.msgs))
-	}
-	for j, i := range f.call.msgs {
-		switch {
-		case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
-			res[i].Err = err
-			order.Failed(b.Messages[i], err)
-		case out[j].err != nil:
-			res[i].Err = out[j].err
-			order.Failed(b.Messages[i], out[j].err)
-		default:
-			res[i].Outcome = out[j].outcome.String()
-			e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
+	for c, call := range f.calls {
+		var out []effectReply
+		err := f.errs[c]
+		if err == nil {
+			out, err = effectResults(f.replies[c], len(call.msgs))
+		}
+		for j, i := range call.msgs {
+			switch {
+			case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
+				res[i].Err = err
+				order.Failed(b.Messages[i], err)
+			case out[j].err != nil:
+				res[i].Err = out[j].err
+				order.Failed(b.Messages[i], out[j].err)
+			default:
+				res[i].Outcome = out[j].outcome.String()
+				e.applied(b.Messages[i], evs[i], out[j].outcome, out[j].revised)
+			}
 		}
 	}
 }
@@ -181,7 +204,7 @@ func (e *effects) applied(m consumer.Message, ev Event, outcome Outcome, revised
 	if e.cfg.Observer != nil {
 		e.cfg.Observer.Processed(ev, outcome)
 	}
-	if revised == 0 && outcome != OutcomeReview {
+	if revised == 0 && outcome != OutcomeReview || !e.log.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}
 	log := e.log.With(slog.String("event_id", ev.EventID.String()),

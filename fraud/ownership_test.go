@@ -417,3 +417,92 @@ func breakDayTotals(t *testing.T, rdb outboxtest.Redis, keys Keys, at time.Time,
 	}
 	return key
 }
+
+// refuseFirstOfPipeline makes Redis refuse the first call of the first
+// pipeline of several script calls it sees, before the script writes
+// anything (one key fewer than the call's arguments say), as a call refused
+// for memory would be, while the calls after it in the pipeline reach Redis
+// unchanged.
+type refuseFirstOfPipeline struct{ refused atomic.Bool }
+
+func (h *refuseFirstOfPipeline) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseFirstOfPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *refuseFirstOfPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 1 && cmds[0].Name() == "evalsha" && h.refused.CompareAndSwap(false, true) {
+			args := cmds[0].Args() // evalsha, sha, numkeys, keys..., args...
+			args[2] = args[2].(int) - 1
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The calls of a batch after its first go in one pipeline: one that Redis
+// refuses whole (before its script ran) must not let the next one run, or a
+// sender with an event in each would have its later one applied first.
+// The next call holds all its events; the batch, handled again, applies in
+// order.
+func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", AuditLen: 1000}.withDefaults()
+	rdb.AddHook(&refuseFirstOfPipeline{})
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	n := 2*effectsPerCall + 20
+	ana := []int{effectsPerCall + 50, n - 1} // in the second call and in the third
+	var anas []string // her transfers, in order
+	for i := range n {
+		from := fmt.Sprintf("s%03d", i)
+		if slices.Contains(ana, i) {
+			from = "ana"
+		}
+		if id := publish(t, rdb, cfg.Stream, from, 100, time.Now()); from == "ana" {
+			anas = append(anas, id.String())
+		}
+	}
+	b := streamBatch(t, rdb, cfg, n)
+	res := e.Handle(ctx, b)
+	for i, r := range res {
+		switch {
+		case i < effectsPerCall: // the first call, alone in its pipeline
+			if r.Err != nil || r.Outcome != "approve" {
+				t.Fatalf("TED %d in the first call: %+v, want approve", i, r)
+			}
+		case i < 2*effectsPerCall: // the refused one
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "effect script called with") {
+				t.Fatalf("TED %d in the refused call: %+v, want its refusal", i, r)
+			}
+		default: // the call after it
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "HELD call 2 of this batch did not run") {
+				t.Fatalf("TED %d in the call after the refused one: %+v, want held", i, r)
+			}
+		}
+	}
+	res = e.Handle(ctx, b)
+	for i, r := range res {
+		want := "approve"
+		if i < effectsPerCall {
+			want = "duplicate"
+		}
+		if r.Err != nil || r.Outcome != want {
+			t.Fatalf("again, TED %d: %+v, want %s", i, r, want)
+		}
+	}
+	// ana's two TEDs took effect in their order (the audit stream lists the
+	// effects in the order applied).
+	audit, err := rdb.XRange(ctx, Keys{Prefix: cfg.KeyPrefix}.Audit(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied []string
+	for _, x := range audit {
+		if x.Values["from_account"] == "ana" {
+			applied = append(applied, x.Values["transfer_id"].(string))
+		}
+	}
+	if !slices.Equal(applied, anas) {
+		t.Fatalf("ana's TEDs applied in the order %v, want %v", applied, anas)
+	}
+}
