@@ -244,9 +244,21 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 	lastClaim := time.Now()
 	failures := 0
 	count := c.cfg.BatchSize // new entries per read (nextCount)
+	var ahead *readAhead     // the next read of new entries, sent under a backlog
+	defer func() {
+		if ahead != nil {
+			<-ahead.done
+		}
+	}()
 	for ctx.Err() == nil {
 		var err error
 		switch {
+		case ahead != nil:
+			// What it read follows what was just processed: before
+			// anything else.
+			var n int
+			n, ahead, err = c.readNew(ctx, f, count, ahead)
+			count = c.nextCount(count, n)
 		case !takenOver:
 			// Every entry pending in the group, whoever it was delivered
 			// to, is older than every entry not yet delivered: apply them
@@ -288,7 +300,7 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			lastClaim = time.Now()
 		default:
 			var n int
-			n, err = c.readNew(ctx, f, count)
+			n, ahead, err = c.readNew(ctx, f, count, nil)
 			count = c.nextCount(count, n)
 		}
 		if !f.gate.empty() {

@@ -43,17 +43,52 @@ func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 }
 
 // readNew blocks up to Config.Block for up to count new entries of f and
-// processes them.
+// processes them; ahead, when not nil, is that read, sent while the batch
+// before was applied. Under a backlog (the read came back full) it sends
+// the next read before it processes the entries (next): Redis answers it
+// while the effects of these run, instead of after them.
 // A read that comes back empty adopts what another reader left pending in
 // f's partition (adoptEarlier, up to the stream's end): a read of new
 // entries adopts only what is older than them, and when nothing comes after
 // what a fenced reader took, nothing else would before ClaimMinIdle.
-func (c *Consumer) readNew(ctx context.Context, f feed, count int) (int, error) {
-	n, err := c.read(ctx, []string{f.stream, ">"}, count, func(string) feed { return f })
+func (c *Consumer) readNew(ctx context.Context, f feed, count int, ahead *readAhead) (n int, next *readAhead, err error) {
+	var res []redis.XStream
+	if ahead != nil {
+		<-ahead.done
+		res, err, count = ahead.res, ahead.err, ahead.count
+	} else {
+		res, err = c.xreadgroup(ctx, []string{f.stream, ">"}, count, c.cfg.Block)
+	}
+	if err == nil && len(res) == 1 && len(res[0].Messages) >= count && ctx.Err() == nil {
+		next = c.readAhead(ctx, f, c.nextCount(count, len(res[0].Messages)))
+	}
+	n, err = c.process(ctx, res, err, func(string) feed { return f })
 	if n == 0 && err == nil {
 		err = c.adoptEarlier(ctx, f, "")
 	}
-	return n, err
+	return n, next, err
+}
+
+// readAhead is a read of new entries sent before the entries read before
+// them are processed: done is closed once its reply is in.
+type readAhead struct {
+	count int // entries asked for
+	done  chan struct{}
+	res   []redis.XStream
+	err   error
+}
+
+// readAhead reads up to count new entries of f, without blocking, on a
+// goroutine of its own. The entries it reads are pending under this
+// consumer's name until processed: if the worker stops first, whoever
+// takes the partition over applies them (Run), as after a crash.
+func (c *Consumer) readAhead(ctx context.Context, f feed, count int) *readAhead {
+	a := &readAhead{count: count, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.res, a.err = c.xreadgroup(ctx, []string{f.stream, ">"}, count, -1) // -1 leaves BLOCK out
+	}()
+	return a
 }
 
 // nextCount is how many new entries the read after one that asked for
@@ -66,17 +101,32 @@ func (c *Consumer) nextCount(count, n int) int {
 	return c.cfg.BatchSize
 }
 
+// read blocks up to Config.Block for up to count new entries of streams
+// and processes them.
 func (c *Consumer) read(ctx context.Context, streams []string, count int, feedOf func(stream string) feed) (int, error) {
+	res, err := c.xreadgroup(ctx, streams, count, c.cfg.Block)
+	return c.process(ctx, res, err, feedOf)
+}
+
+// xreadgroup reads up to count new entries of streams, blocking up to
+// block; a read that timed out is no error.
+func (c *Consumer) xreadgroup(ctx context.Context, streams []string, count int, block time.Duration) ([]redis.XStream, error) {
 	res, err := c.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    c.cfg.Group,
 		Consumer: c.cfg.Consumer,
 		Streams:  streams,
 		Count:    int64(count),
-		Block:    c.cfg.Block,
+		Block:    block,
 	}).Result()
 	if errors.Is(err, redis.Nil) || isTimeout(err) {
-		return 0, nil
+		return nil, nil
 	}
+	return res, err
+}
+
+// process applies the entries a read returned (res, or its error err), each
+// stream's after what is pending from before them (adoptEarlier).
+func (c *Consumer) process(ctx context.Context, res []redis.XStream, err error, feedOf func(stream string) feed) (int, error) {
 	if err != nil {
 		return 0, err
 	}
