@@ -2,10 +2,14 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
@@ -89,5 +93,84 @@ func TestReadsGrowUnderABacklog(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
 		}
+	}
+}
+
+// failOnce is a Handler that fails the first delivery of each message of
+// key bad (a transient failure) and applies everything else, keeping the
+// keys in the order applied; each batch takes a millisecond.
+type failOnce struct {
+	bad     string
+	mu      sync.Mutex
+	tried   map[string]bool
+	applied []string
+}
+
+func (h *failOnce) Handle(_ context.Context, b Batch) []Result {
+	time.Sleep(time.Millisecond)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	res := make([]Result, len(b.Messages))
+	for i, m := range b.Messages {
+		if m.Key == h.bad && !h.tried[m.EntryID] {
+			h.tried[m.EntryID] = true
+			res[i].Err = errors.New("transient failure (injected)")
+			continue
+		}
+		h.applied = append(h.applied, m.Key)
+		res[i].Outcome = Applied
+	}
+	return res
+}
+
+func (h *failOnce) position(key string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Index(h.applied, key)
+}
+
+// Under a backlog a worker reads ahead (it sends the next read before it
+// applies the last one), but not past a retry that is due: an entry that
+// failed transiently is retried within a few batches, not once the backlog
+// is through.
+func TestBacklogDoesNotPutOffRetries(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	cfg := testConfig(rdb, "c1")
+	cfg.BatchSize, cfg.MaxBatchSize, cfg.Block = 10, 40, 50*time.Millisecond
+	h := &failOnce{bad: "bad", tried: map[string]bool{}}
+	c := newGroupConsumer(t, rdb, h, cfg)
+	ctx := context.Background()
+	add := func(key string) {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: c.parts[0].stream, Values: []any{
+			"event_id", uuid.NewString(), "event_type", "test.happened", "aggregate_type", "test",
+			"aggregate_id", key, "payload", `{"n":1}`, "headers", "{}", "occurred_at", time.Now().Format(time.RFC3339Nano),
+			"partition_key", key,
+		}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const backlog = 2000
+	add("bad")
+	for range backlog {
+		add("a")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for deadline := time.Now().Add(20 * time.Second); h.position("bad") < 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the failed entry was never retried")
+		}
+	}
+	// Its retry is due at once (the first backoff starts from zero): the
+	// read already sent is applied, and then the retry, before more.
+	if at := h.position("bad"); at > 4*cfg.MaxBatchSize {
+		t.Fatalf("the failed entry was applied after %d entries of the backlog, want at most %d", at, 4*cfg.MaxBatchSize)
 	}
 }

@@ -252,12 +252,15 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 	}()
 	for ctx.Err() == nil {
 		var err error
+		pendingDue := needPending && !time.Now().Before(retryPendingAt)
+		claimDue := time.Since(lastClaim) >= c.cfg.ClaimInterval
 		switch {
 		case ahead != nil:
 			// What it read follows what was just processed: before
-			// anything else.
+			// anything else; and it reads on only when nothing else is
+			// due, so that a backlog does not put off the retries.
 			var n int
-			n, ahead, err = c.readNew(ctx, f, count, ahead)
+			n, ahead, err = c.readNew(ctx, f, count, ahead, !pendingDue && !claimDue)
 			count = c.nextCount(count, n)
 		case !takenOver:
 			// Every entry pending in the group, whoever it was delivered
@@ -273,7 +276,7 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			if _, err = c.claim(ctx, f, 0); err == nil || effectFailedOnly(err) {
 				takenOver = true
 			}
-		case needPending && !time.Now().Before(retryPendingAt):
+		case pendingDue:
 			// Entries of ours that failed transiently are still pending:
 			// retry them, with backoff, but never instead of reading new
 			// ones: one entry that keeps failing must not stop the rest.
@@ -295,12 +298,12 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 				needPending, pendingFailures = !f.gate.empty(), 0
 				retryPendingAt = time.Now().Add(retryDelay(1))
 			}
-		case time.Since(lastClaim) >= c.cfg.ClaimInterval:
+		case claimDue:
 			_, err = c.claim(ctx, f, c.cfg.ClaimMinIdle)
 			lastClaim = time.Now()
 		default:
 			var n int
-			n, ahead, err = c.readNew(ctx, f, count, nil)
+			n, ahead, err = c.readNew(ctx, f, count, nil, true)
 			count = c.nextCount(count, n)
 		}
 		if !f.gate.empty() {

@@ -192,7 +192,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	if err := rdb.Set(ctx, pt.keys.Lease("test"), "7|other|token", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil)
+	_, _, err = c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil, false)
 	if !errors.Is(err, ErrFenced) {
 		t.Fatalf("applying with a lost lease: %v, want ErrFenced", err)
 	}
@@ -235,7 +235,7 @@ func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, rdb, pt.stream, "second")
-	if _, _, err := c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil); err != nil {
+	if _, _, err := c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.effects(); fmt.Sprint(got) != "[first second]" {

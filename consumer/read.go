@@ -44,14 +44,14 @@ func (c *Consumer) stepReadNew(ctx context.Context) (int, error) {
 
 // readNew blocks up to Config.Block for up to count new entries of f and
 // processes them; ahead, when not nil, is that read, sent while the batch
-// before was applied. Under a backlog (the read came back full) it sends
-// the next read before it processes the entries (next): Redis answers it
-// while the effects of these run, instead of after them.
+// before was applied. Under a backlog (the read came back full), and when
+// readOn, it sends the next read before it processes the entries (next):
+// Redis answers it while the effects of these run, instead of after them.
 // A read that comes back empty adopts what another reader left pending in
 // f's partition (adoptEarlier, up to the stream's end): a read of new
 // entries adopts only what is older than them, and when nothing comes after
 // what a fenced reader took, nothing else would before ClaimMinIdle.
-func (c *Consumer) readNew(ctx context.Context, f feed, count int, ahead *readAhead) (n int, next *readAhead, err error) {
+func (c *Consumer) readNew(ctx context.Context, f feed, count int, ahead *readAhead, readOn bool) (n int, next *readAhead, err error) {
 	var res []redis.XStream
 	if ahead != nil {
 		<-ahead.done
@@ -59,7 +59,7 @@ func (c *Consumer) readNew(ctx context.Context, f feed, count int, ahead *readAh
 	} else {
 		res, err = c.xreadgroup(ctx, []string{f.stream, ">"}, count, c.cfg.Block)
 	}
-	if err == nil && len(res) == 1 && len(res[0].Messages) >= count && ctx.Err() == nil {
+	if readOn && err == nil && len(res) == 1 && len(res[0].Messages) >= count && ctx.Err() == nil {
 		next = c.readAhead(ctx, f, c.nextCount(count, len(res[0].Messages)))
 	}
 	n, err = c.process(ctx, res, err, func(string) feed { return f })

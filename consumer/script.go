@@ -21,8 +21,9 @@ import (
 //
 // Its keys go under Batch.Keys.Prefix, so that on a Redis Cluster they
 // share the partition stream's hash slot. RunScripts runs calls in one
-// round trip; package fraud is such a handler (it sends a batch's calls of
-// up to 100 events one after another).
+// round trip; package fraud is such a handler (it sends a batch's first
+// call of up to 100 events alone, and its other calls in one pipeline once
+// the first replied).
 //
 // A pipeline (or one call applying several messages) cannot stop between
 // its effects, so a script error that struck one message and not a later

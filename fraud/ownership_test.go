@@ -452,7 +452,7 @@ func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := 2*effectsPerCall + 20
 	ana := []int{effectsPerCall + 50, n - 1} // in the second call and in the third
-	var anas []string // her transfers, in order
+	var anas []string                        // her transfers, in order
 	for i := range n {
 		from := fmt.Sprintf("s%03d", i)
 		if slices.Contains(ana, i) {
