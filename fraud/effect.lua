@@ -24,7 +24,8 @@
 -- KEYS[6] the batch's gate (a hash, one per batch: its senders whose event
 --         failed in it, and under the field '' (no sender has an empty
 --         name) the number of the last call that ran when another follows
---         it in one pipeline; written only then)
+--         it in one pipeline; written only on a failure or for a call
+--         that another follows)
 -- then 7 per event, from KEYS[6 + 7(j-1) + 1] for the j-th:
 --   +1 dedupe marker            +2 verdict (per transfer)
 --   +3 sender's day totals      +4 day's senders set

@@ -34,7 +34,9 @@ func (e *effects) DedupeTTL() time.Duration { return e.cfg.DedupeTTL }
 // the events of the senders whose event failed in the first (Handle holds
 // them). Within that pipeline the script holds the rest: a sender's later
 // events behind its failed one (the batch's gate), and every event of a call
-// whose predecessor did not run (effect.lua, "Per-key order").
+// whose predecessor did not run (effect.lua, "Per-key order"). A pipeline
+// ends at a call with an event that has no key (written before relays wrote
+// one): its failure must hold every later event, which the gate cannot.
 func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Result {
 	res := make([]consumer.Result, len(b.Messages))
 	evs := make([]Event, len(b.Messages))
@@ -75,32 +77,42 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			first = e.start(ctx, b, calls[:1], evs)
 		}
 	}
-	rest := calls
+	rest, no := calls, 0 // the calls not sent, and how many were
 	if first != nil {
 		e.settle(b, first, evs, res, &order)
-		rest = calls[1:]
+		rest, no = calls[1:], 1
 	}
-	// The others, without the senders that failed by now (a call that
-	// failed whole, an error before the script wrote the gate, holds its
-	// senders' events in them too).
-	var send []*effectCall
-	for _, call := range rest {
-		if call = e.without(call, &order, b, keys, batch, now, evs, res); call != nil {
+	for len(rest) > 0 {
+		// The next pipeline, without the senders that failed by now (a
+		// call that failed whole, an error before the script wrote the
+		// gate, holds its senders' events in them too). It ends at a call
+		// with an event that has no key: the script's gate holds senders,
+		// and the failure of such an event must hold every later one
+		// (consumer.Order), which only Handle can.
+		var send []*effectCall
+		for len(rest) > 0 {
+			call := e.without(rest[0], &order, b, keys, batch, now, evs, res)
+			rest = rest[1:]
+			if call == nil {
+				continue
+			}
 			send = append(send, call)
+			if slices.ContainsFunc(call.msgs, func(i int) bool { return b.Messages[i].Key == "" }) {
+				break
+			}
 		}
-	}
-	if len(send) == 0 {
-		return res
-	}
-	no := len(calls) - len(rest)
-	for j, call := range send {
-		follows := 0
-		if j > 0 {
-			follows = no + j
+		for j, call := range send {
+			follows := 0
+			if j > 0 {
+				follows = no + j
+			}
+			call.numbered(no+j+1, follows, j < len(send)-1)
 		}
-		call.numbered(no+j+1, follows, j < len(send)-1)
+		if len(send) > 0 {
+			e.settle(b, e.start(ctx, b, send, evs), evs, res, &order)
+		}
+		no += len(send)
 	}
-	e.settle(b, e.start(ctx, b, send, evs), evs, res, &order)
 	return res
 }
 
@@ -122,23 +134,28 @@ func (e *effects) start(ctx context.Context, b consumer.Batch, calls []*effectCa
 		// An event applied under an earlier number of partitions has its
 		// marker under that layout's prefix (layouts.go): still through
 		// the script, to be fenced and counted as a duplicate.
+		var all []Event
 		for _, call := range calls {
-			chunk := make([]Event, len(call.msgs))
-			for j, i := range call.msgs {
-				chunk[j] = evs[i]
+			for _, i := range call.msgs {
+				all = append(all, evs[i])
 			}
-			earlier, err := e.appliedEarlier(ctx, chunk)
-			if err != nil {
-				f.errs = make([]error, len(calls))
-				for i := range f.errs {
-					f.errs[i] = err
-				}
-				f.replies = make([]*redis.Cmd, len(calls))
-				return
+		}
+		earlier, err := e.appliedEarlier(ctx, all)
+		if err != nil {
+			f.replies, f.errs = make([]*redis.Cmd, len(calls)), make([]error, len(calls))
+			for i := range f.errs {
+				f.errs[i] = err
 			}
-			for j, dup := range earlier {
-				if dup {
-					call.markEarlier(j)
+			return
+		}
+		if earlier != nil {
+			k := 0
+			for _, call := range calls {
+				for j := range call.msgs {
+					if earlier[k] {
+						call.markEarlier(j)
+					}
+					k++
 				}
 			}
 		}
@@ -188,6 +205,10 @@ func (e *effects) settle(b consumer.Batch, f *effectFlight, evs []Event, res []c
 			case err != nil: // the whole call: fenced, not run, or not confirmed by the replicas
 				res[i].Err = err
 				order.Failed(b.Messages[i], err)
+			case redis.HasErrorPrefix(out[j].err, "HELD"): // by the batch's gate: not a failure of its own
+				res[i] = consumer.Held(b.Messages[i])
+				res[i].Err = fmt.Errorf("%w (%w)", res[i].Err, out[j].err)
+				order.Failed(b.Messages[i], res[i].Err)
 			case out[j].err != nil:
 				res[i].Err = out[j].err
 				order.Failed(b.Messages[i], out[j].err)

@@ -2,9 +2,9 @@ package fraud
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tedbank/outbox/internal/consumertest"
 	"slices"
 	"strings"
 	"sync"
@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
 )
@@ -302,8 +304,9 @@ func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
 	}
 }
 
-// A batch longer than one call of the effect script runs as several calls,
-// one after another: a sender's event that fails in the first call holds the
+// A batch longer than one call of the effect script runs as several calls
+// (the first alone, the others in one pipeline once it replied): a sender's
+// event that fails in the first call holds the
 // sender's later events in the next (Handle leaves them out of it, and the
 // batch's gate would refuse them), while the others' apply; once fixed, the
 // batch applies in order.
@@ -474,8 +477,8 @@ func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 			if r.Err == nil || !strings.Contains(r.Err.Error(), "effect script called with") {
 				t.Fatalf("TED %d in the refused call: %+v, want its refusal", i, r)
 			}
-		default: // the call after it
-			if r.Err == nil || !strings.Contains(r.Err.Error(), "HELD call 2 of this batch did not run") {
+		default: // the call after it: held, not failed
+			if !errors.Is(r.Err, consumer.ErrHeld) || !strings.Contains(r.Err.Error(), "HELD call 2 of this batch did not run") {
 				t.Fatalf("TED %d in the call after the refused one: %+v, want held", i, r)
 			}
 		}
@@ -504,5 +507,56 @@ func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 	}
 	if !slices.Equal(applied, anas) {
 		t.Fatalf("ana's TEDs applied in the order %v, want %v", applied, anas)
+	}
+}
+
+// An event without a partition key (an entry written before relays wrote
+// one) that fails holds every later event, of any sender (consumer.Order):
+// the script's gate holds only senders, so a pipeline of calls ends at the
+// call with such an event, and the calls after it wait for its reply.
+func TestUnkeyedEventFailingHoldsTheLaterCalls(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
+	n := 3*effectsPerCall + 20
+	unkeyed := effectsPerCall + 10 // in the second call, the first of the pipeline
+	yesterday := time.Now().Add(-24 * time.Hour)
+	for i := range n {
+		if i != unkeyed {
+			publish(t, rdb, cfg.Stream, fmt.Sprintf("s%03d", i), 100, time.Now())
+			continue
+		}
+		id, tid := uuid.New(), uuid.New()
+		p, _ := json.Marshal(map[string]any{"schema_version": 1, "event_id": id, "transfer_id": tid, "from_account": "old",
+			"to_account": "dest", "amount_cents": 100, "currency": "BRL", "settled_at": yesterday})
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: cfg.Stream, Values: []any{
+			"event_id", id.String(), "event_type", "transfer.settled", "aggregate_type", "transfer",
+			"aggregate_id", tid.String(), "payload", string(p), "headers", "{}", "occurred_at", yesterday.Format(time.RFC3339Nano),
+		}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := streamBatch(t, rdb, cfg, n)
+	if b.Messages[unkeyed].Key != "" {
+		t.Fatalf("event %d has key %q, want none", unkeyed, b.Messages[unkeyed].Key)
+	}
+	breakDayTotals(t, rdb, Keys{Prefix: cfg.KeyPrefix}, yesterday, "old")
+	res := e.Handle(ctx, b)
+	for i, r := range res {
+		switch {
+		case i == unkeyed:
+			if r.Err == nil || !strings.Contains(r.Err.Error(), "WRONGTYPE") {
+				t.Fatalf("the unkeyed TED: %+v, want WRONGTYPE", r)
+			}
+		case i < 2*effectsPerCall: // the first call, and the rest of the unkeyed one's
+			if r.Err != nil || r.Outcome != "approve" {
+				t.Fatalf("TED %d: %+v, want approve", i, r)
+			}
+		default: // every later call
+			if !errors.Is(r.Err, consumer.ErrHeld) {
+				t.Fatalf("TED %d, after the unkeyed one failed: %+v, want held", i, r)
+			}
+		}
 	}
 }

@@ -89,8 +89,9 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	if name == "" {
 		name = "default"
 	}
-	// A worker per owned partition blocks a connection in XREADGROUP.
-	pool := max(10*runtime.GOMAXPROCS(0), cfg.Partitions+8)
+	// A worker per owned partition blocks a connection in XREADGROUP, and
+	// under a backlog holds a second one (its read-ahead beside its effects).
+	pool := max(10*runtime.GOMAXPROCS(0), 2*cfg.Partitions+8)
 	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
 	if err != nil {
 		return err

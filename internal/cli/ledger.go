@@ -96,7 +96,9 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer db.Close()
-	pool := max(10*runtime.GOMAXPROCS(0), cc.Partitions+8)
+	// A worker per owned partition blocks a connection in XREADGROUP, and
+	// under a backlog holds a second one (its read-ahead beside its effects).
+	pool := max(10*runtime.GOMAXPROCS(0), 2*cc.Partitions+8)
 	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-ledger", PoolSize: pool})
 	if err != nil {
 		return err
