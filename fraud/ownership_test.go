@@ -349,24 +349,30 @@ func TestEffectFailingInOneCallHoldsTheSendersEventsInTheNext(t *testing.T) {
 	}
 }
 
+// pipelineHook is a redis.Hook that changes pipelines only.
+type pipelineHook func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook
+
+func (h pipelineHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h pipelineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return h(next)
+}
+
 // failFirstScripts fails the first pipeline of script calls it sees, before
 // sending it, as a connection that broke would.
-type failFirstScripts struct{ failed atomic.Bool }
-
-func (h *failFirstScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *failFirstScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return next
-}
-func (h *failFirstScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && cmds[0].Name() == "evalsha" && h.failed.CompareAndSwap(false, true) {
-			err := errors.New("connection reset (injected)")
-			for _, c := range cmds {
-				c.SetErr(err)
+func failFirstScripts() pipelineHook {
+	var failed atomic.Bool
+	return func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if len(cmds) > 0 && cmds[0].Name() == "evalsha" && failed.CompareAndSwap(false, true) {
+				err := errors.New("connection reset (injected)")
+				for _, c := range cmds {
+					c.SetErr(err)
+				}
+				return err
 			}
-			return err
+			return next(ctx, cmds)
 		}
-		return next(ctx, cmds)
 	}
 }
 
@@ -377,7 +383,7 @@ func TestEffectCallFailingWholeHoldsItsSendersInTheNextCall(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
-	rdb.AddHook(&failFirstScripts{})
+	rdb.AddHook(failFirstScripts())
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := effectsPerCall + 20
 	publish(t, rdb, cfg.Stream, "ana", 100, time.Now())
@@ -426,19 +432,16 @@ func breakDayTotals(t *testing.T, rdb outboxtest.Redis, keys Keys, at time.Time,
 // anything (one key fewer than the call's arguments say), as a call refused
 // for memory would be, while the calls after it in the pipeline reach Redis
 // unchanged.
-type refuseFirstOfPipeline struct{ refused atomic.Bool }
-
-func (h *refuseFirstOfPipeline) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *refuseFirstOfPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return next
-}
-func (h *refuseFirstOfPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 1 && cmds[0].Name() == "evalsha" && h.refused.CompareAndSwap(false, true) {
-			args := cmds[0].Args() // evalsha, sha, numkeys, keys..., args...
-			args[2] = args[2].(int) - 1
+func refuseFirstOfPipeline() pipelineHook {
+	var refused atomic.Bool
+	return func(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			if len(cmds) > 1 && cmds[0].Name() == "evalsha" && refused.CompareAndSwap(false, true) {
+				args := cmds[0].Args() // evalsha, sha, numkeys, keys..., args...
+				args[2] = args[2].(int) - 1
+			}
+			return next(ctx, cmds)
 		}
-		return next(ctx, cmds)
 	}
 }
 
@@ -451,7 +454,7 @@ func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", AuditLen: 1000}.withDefaults()
-	rdb.AddHook(&refuseFirstOfPipeline{})
+	rdb.AddHook(refuseFirstOfPipeline())
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := 2*effectsPerCall + 20
 	ana := []int{effectsPerCall + 50, n - 1} // in the second call and in the third
