@@ -70,6 +70,9 @@ type Result struct {
 	// slow the worst was): a wake-up missed and left for the fallback poll,
 	// or a stall.
 	OverOneS *int64 `json:"over_1s,omitempty"`
+	// latency: events of the warm-up before the timed phase slower than one
+	// second (the percentiles and over_1s count the timed phase only).
+	WarmUpOverOneS *int64 `json:"warm_up_over_1s,omitempty"`
 	// writers, latency, sustained: fallback polls of the relay that found rows (each
 	// is a batch of events that waited for the poll, not for a NOTIFY).
 	PollsWithWork *int64 `json:"polls_with_work,omitempty"`
@@ -341,6 +344,7 @@ func combine(runs []Result) Result {
 	c.BacklogAtEnd = medianInt(runs, func(r Result) *int64 { return r.BacklogAtEnd })
 	c.PollsWithWork = medianInt(runs, func(r Result) *int64 { return r.PollsWithWork })
 	c.OverOneS = medianInt(runs, func(r Result) *int64 { return r.OverOneS })
+	c.WarmUpOverOneS = medianInt(runs, func(r Result) *int64 { return r.WarmUpOverOneS })
 	c.MaxBacklog = medianInt(runs, func(r Result) *int64 { return r.MaxBacklog })
 	c.Duplicates = medianInt(runs, func(r Result) *int64 { return r.Duplicates })
 	c.BaselineEventsPerS = medianPtr(runs, func(r Result) *float64 { return r.BaselineEventsPerS })

@@ -86,7 +86,7 @@ func TestBenchJSON(t *testing.T) {
 		for i, r := range rs {
 			// n counts the timed TEDs only, after the warm-up's.
 			if r.N != 40 || r.MaxMs <= 0 || (i < 2 && r.PollsWithWork == nil) || r.MaxScheduleLagMs == nil || r.Errors == nil || *r.Errors != 0 ||
-				r.Settings["warm_up"] != "2s" {
+				r.Settings["warm_up"] != "2s" || r.WarmUpOverOneS == nil {
 				t.Errorf("%+v", r)
 			}
 			checkOverOneS(t, r)
