@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
@@ -139,22 +136,13 @@ func TestBacklogDoesNotPutOffRetries(t *testing.T) {
 	cfg.BatchSize, cfg.MaxBatchSize, cfg.Block = 10, 40, 50*time.Millisecond
 	h := &failOnce{bad: "bad", tried: map[string]bool{}}
 	c := newGroupConsumer(t, rdb, h, cfg)
-	ctx := context.Background()
-	add := func(key string) {
-		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: c.parts[0].stream, Values: []any{
-			"event_id", uuid.NewString(), "event_type", "test.happened", "aggregate_type", "test",
-			"aggregate_id", key, "payload", `{"n":1}`, "headers", "{}", "occurred_at", time.Now().Format(time.RFC3339Nano),
-			"partition_key", key,
-		}}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	add := func(key string) { publishKeyed(t, rdb, c.parts[0].stream, key, key) }
 	const backlog = 2000
 	add("bad")
 	for range backlog {
 		add("a")
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	defer func() {

@@ -16,14 +16,23 @@ import (
 )
 
 // publish appends an event of aggregate agg to stream, as the relay
-// writes it, and returns its event id.
+// writes it (without a partition key), and returns its event id.
 func publish(t *testing.T, rdb outboxtest.Redis, stream, agg string) uuid.UUID {
+	return publishKeyed(t, rdb, stream, agg, "")
+}
+
+// publishKeyed is publish with partition key key ("": none written).
+func publishKeyed(t *testing.T, rdb outboxtest.Redis, stream, agg, key string) uuid.UUID {
 	t.Helper()
 	id := uuid.New()
-	err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{
+	values := []any{
 		"event_id", id.String(), "event_type", "test.happened", "aggregate_type", "test",
 		"aggregate_id", agg, "payload", `{"n":1}`, "headers", "{}", "occurred_at", time.Now().Format(time.RFC3339Nano),
-	}}).Err()
+	}
+	if key != "" {
+		values = append(values, "partition_key", key)
+	}
+	err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: values}).Err()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func (c *Consumer) readNew(ctx context.Context, f feed, count int, ahead *readAh
 		res, err = c.xreadgroup(ctx, []string{f.stream, ">"}, count, c.cfg.Block)
 	}
 	if readOn && err == nil && len(res) == 1 && len(res[0].Messages) >= count && ctx.Err() == nil {
-		next = c.readAhead(ctx, f, c.nextCount(count, len(res[0].Messages)))
+		next = c.sendReadAhead(ctx, f, c.nextCount(count, len(res[0].Messages)))
 	}
 	n, err = c.process(ctx, res, err, func(string) feed { return f })
 	if n == 0 && err == nil {
@@ -78,11 +78,11 @@ type readAhead struct {
 	err   error
 }
 
-// readAhead reads up to count new entries of f, without blocking, on a
+// sendReadAhead reads up to count new entries of f, without blocking, on a
 // goroutine of its own. The entries it reads are pending under this
 // consumer's name until processed: if the worker stops first, whoever
 // takes the partition over applies them (Run), as after a crash.
-func (c *Consumer) readAhead(ctx context.Context, f feed, count int) *readAhead {
+func (c *Consumer) sendReadAhead(ctx context.Context, f feed, count int) *readAhead {
 	a := &readAhead{count: count, done: make(chan struct{})}
 	go func() {
 		defer close(a.done)
