@@ -142,6 +142,15 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 		t.Fatalf("stream holds %d entries, want 0 (the relay died before XADD)", got)
 	}
 
+	// What the claims looked like before the takeover, for the message of
+	// a failure (one run in .ci/run published them with nothing reaped).
+	var before string
+	if err := f.Pool.QueryRow(f.Ctx, `SELECT string_agg(DISTINCT format('pid %s, %s ms old', claimed_pid,
+	        (extract(epoch FROM now() - claimed_at) * 1000)::int), '; ')
+	   FROM outbox_messages WHERE status = 'publishing'`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+
 	cfg := f.RowsRelayConfig("r2")
 	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
 	r := f.NewRelay(cfg, nil)
@@ -149,8 +158,13 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 	outboxtest.Eventually(t, 15*time.Second, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published' AND claimed_by = 'r2'") == 30
 	}, "abandoned rows were not reaped and published")
-	if r.Stats().Reaped != 30 {
-		t.Fatalf("reaped %d, want 30", r.Stats().Reaped)
+	if st := r.Stats(); st.Reaped != 30 {
+		var attempts string
+		if err := f.Pool.QueryRow(f.Ctx, `SELECT string_agg(format('%s rows with %s attempts', n, attempts), '; ')
+		   FROM (SELECT attempts, count(*) AS n FROM outbox_messages GROUP BY attempts) a`).Scan(&attempts); err != nil {
+			t.Fatal(err)
+		}
+		t.Fatalf("reaped %d, want 30 (stats %+v; claims before the takeover: %s; now: %s)", st.Reaped, st, before, attempts)
 	}
 	if got := len(f.Entries(f.Stream())); got != 30 {
 		t.Fatalf("stream holds %d entries, want 30", got)
