@@ -140,7 +140,10 @@ func TestNotifyModeSwitches(t *testing.T) {
 	}
 	triggers := func() string {
 		var s string
-		if err := f.Pool.QueryRow(f.Ctx, `SELECT coalesce(string_agg(p.proname, ','), '')
+		// tgtype bit 1: BEFORE (migration 0014; AFTER cost the writers
+		// the after-trigger queue).
+		if err := f.Pool.QueryRow(f.Ctx, `SELECT coalesce(string_agg(p.proname
+				|| CASE WHEN t.tgtype & 2 = 2 THEN ' before' ELSE ' after' END, ','), '')
 			FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
 			WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
 			t.Fatal(err)
@@ -148,11 +151,11 @@ func TestNotifyModeSwitches(t *testing.T) {
 		return s
 	}
 	for _, step := range []struct{ mode, prev, fn string }{
-		{"idle", "idle", "outbox_messages_notify_idle"}, // the migrations' default
-		{"always", "idle", "outbox_messages_notify"},
+		{"idle", "idle", "outbox_messages_notify_idle before"}, // the migrations' default
+		{"always", "idle", "outbox_messages_notify before"},
 		{"off", "always", ""},
 		{"off", "off", ""},
-		{"idle", "off", "outbox_messages_notify_idle"},
+		{"idle", "off", "outbox_messages_notify_idle before"},
 	} {
 		prev, err := mode(step.mode)
 		if err != nil {

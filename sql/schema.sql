@@ -65,10 +65,10 @@ BEGIN
     END IF;
     DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;
     IF mode = 'idle' THEN
-        CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+        CREATE TRIGGER outbox_messages_notify BEFORE INSERT ON outbox_messages
             FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify_idle();
     ELSIF mode = 'always' THEN
-        CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+        CREATE TRIGGER outbox_messages_notify BEFORE INSERT ON outbox_messages
             FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify();
     END IF;
     -- A relay may be asleep with the flag at 0 (it was set while the trigger
@@ -308,4 +308,4 @@ CREATE INDEX transfers_from_account_settled_at ON public.transfers USING btree (
 
 -- TRIGGER outbox_messages outbox_messages_notify
 
-CREATE TRIGGER outbox_messages_notify AFTER INSERT ON public.outbox_messages FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_messages_notify_idle();
+CREATE TRIGGER outbox_messages_notify BEFORE INSERT ON public.outbox_messages FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_messages_notify_idle();

@@ -106,3 +106,56 @@ func TestMinimalInsertGetsDefaults(t *testing.T) {
 		t.Fatalf("defaults: status=%s attempts=%d seq=%d headers=%s", status, attempts, seq, headers)
 	}
 }
+
+// Migration 0014 moves the notify trigger before the insert and keeps the
+// mode a database was in: a database at 0013 in each notify mode is in the
+// same one after it, with the trigger BEFORE (or none, for off).
+func TestNotifyTriggerMovesBeforeInEveryMode(t *testing.T) {
+	all, err := migrate.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ mode, want string }{
+		{"idle", "outbox_messages_notify_idle before"},
+		{"always", "outbox_messages_notify before"},
+		{"off", ""},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			pool := outboxtest.Postgres(t)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
+				t.Fatal(err)
+			}
+			trigger := func() string {
+				var s string
+				if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(p.proname
+						|| CASE WHEN t.tgtype & 2 = 2 THEN ' before' ELSE ' after' END, ','), '')
+					FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+					WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			for _, m := range all {
+				if m.Version == 14 {
+					if _, err := pool.Exec(ctx, "SELECT outbox_notify_mode($1)", tc.mode); err != nil {
+						t.Fatal(err)
+					}
+					if got := strings.Replace(tc.want, " before", " after", 1); trigger() != got {
+						t.Fatalf("at 0013 in mode %s: trigger %q, want %q", tc.mode, trigger(), got)
+					}
+				}
+				if _, err := pool.Exec(ctx, m.SQL); err != nil {
+					t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
+				}
+			}
+			if got := trigger(); got != tc.want {
+				t.Fatalf("after 0014 from mode %s: trigger %q, want %q", tc.mode, got, tc.want)
+			}
+			var mode string
+			if err := pool.QueryRow(ctx, "SELECT outbox_notify_mode($1)", tc.mode).Scan(&mode); err != nil || mode != tc.mode {
+				t.Fatalf("outbox_notify_mode(%q) after 0014 = %q (err %v), want it already in that mode", tc.mode, mode, err)
+			}
+		})
+	}
+}
