@@ -138,37 +138,95 @@ func TestNotifyModeSwitches(t *testing.T) {
 		err := f.Pool.QueryRow(f.Ctx, "SELECT outbox_notify_mode($1)", m).Scan(&prev)
 		return prev, err
 	}
-	triggers := func() string {
-		var s string
-		// tgtype bit 1: BEFORE (migration 0014; AFTER cost the writers
-		// the after-trigger queue).
-		if err := f.Pool.QueryRow(f.Ctx, `SELECT coalesce(string_agg(p.proname
-				|| CASE WHEN t.tgtype & 2 = 2 THEN ' before' ELSE ' after' END, ','), '')
-			FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
-			WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	// BEFORE since migration 0014 (AFTER cost the writers the after-trigger
+	// queue); a statement trigger: a row trigger returning NULL would drop
+	// every row.
+	triggers := func() string { return outboxtest.NotifyTrigger(t, f.Pool) }
 	for _, step := range []struct{ mode, prev, fn string }{
-		{"idle", "idle", "outbox_messages_notify_idle before"}, // the migrations' default
-		{"always", "idle", "outbox_messages_notify before"},
+		{"idle", "idle", "outbox_messages_notify_idle before statement"}, // the migrations' default
+		{"always", "idle", "outbox_messages_notify before statement"},
 		{"off", "always", ""},
 		{"off", "off", ""},
-		{"idle", "off", "outbox_messages_notify_idle before"},
+		{"idle", "off", "outbox_messages_notify_idle before statement"},
+		{"after", "", "outbox_messages_notify_idle after statement"},     // as before 0014, by hand
+		{"idle", "idle", "outbox_messages_notify_idle before statement"}, // made BEFORE again
 	} {
-		prev, err := mode(step.mode)
-		if err != nil {
+		if step.mode == "after" {
+			f.Exec(`DROP TRIGGER outbox_messages_notify ON outbox_messages;
+				CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+					FOR EACH STATEMENT EXECUTE FUNCTION outbox_messages_notify_idle()`)
+		} else if prev, err := mode(step.mode); err != nil {
+			t.Fatal(err)
+		} else if prev != step.prev {
+			t.Fatalf("outbox_notify_mode(%q) = %q, want %q", step.mode, prev, step.prev)
+		}
+		if got := triggers(); got != step.fn {
+			t.Fatalf("after outbox_notify_mode(%q) the trigger is %q, want %q", step.mode, got, step.fn)
+		}
+		// Every mode keeps the row (a BEFORE row trigger returning NULL
+		// would drop it).
+		ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
+		if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
 			t.Fatal(err)
 		}
-		if prev != step.prev || triggers() != step.fn {
-			t.Fatalf("outbox_notify_mode(%q) = %q with trigger function %q; want %q and %q", step.mode, prev, triggers(), step.prev, step.fn)
+		if n := f.Count("SELECT count(*) FROM outbox_messages WHERE aggregate_id = $1", ted.ID.String()); n != 1 {
+			t.Fatalf("mode %s: %d outbox rows for the transfer, want 1", step.mode, n)
 		}
 	}
 	_, err := mode("sometimes")
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
 		t.Fatalf("unknown mode: got %v, want invalid_parameter_value", err)
+	}
+}
+
+// A writer's insert that fails after the notify trigger took the shared lock
+// (the trigger runs before the insert since migration 0014) leaves no lock
+// behind when the writer rolls back to a savepoint and goes on: the relay's
+// way back to sleep must not wait for it until its transaction ends.
+func TestFailedInsertInASavepointLeavesNoWriterLock(t *testing.T) {
+	f := newFixture(t)
+	ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
+	if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
+		t.Fatal(err)
+	}
+	f.Exec("SELECT outbox_relay_busy(0)") // a relay drains: writers that insert take the shared lock
+	tx, err := f.Pool.Begin(f.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.Ctx) }()
+	locks := func() int {
+		var n int
+		if err := tx.QueryRow(f.Ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND classid = 1869903214 AND objid = 1`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if _, err := tx.Exec(f.Ctx, "SAVEPOINT s"); err != nil {
+		t.Fatal(err)
+	}
+	// The same event id again: the trigger runs, then the insert fails.
+	_, err = tx.Exec(f.Ctx, `INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload)
+		SELECT id, aggregate_type, aggregate_id, event_type, payload FROM outbox_messages WHERE aggregate_id = $1`, ted.ID.String())
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("duplicate insert: got %v, want unique_violation", err)
+	}
+	if _, err := tx.Exec(f.Ctx, "ROLLBACK TO SAVEPOINT s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := locks(); n != 0 {
+		t.Fatalf("the writer still holds %d shared locks after rolling its failed insert back", n)
+	}
+	// The trigger did take it: an insert that succeeds holds it to the end.
+	if _, err := tx.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('transfer', $1, 'transfer.settled', '{}')`, uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+	if n := locks(); n != 1 {
+		t.Fatalf("the writer holds %d shared locks after an insert with the relay busy, want 1", n)
 	}
 }
 

@@ -46,12 +46,15 @@ CREATE FUNCTION public.outbox_notify_mode(mode text) RETURNS text
     AS $$
 DECLARE
     previous text;
+    before_statement boolean;
 BEGIN
     SELECT CASE p.proname
                WHEN 'outbox_messages_notify_idle' THEN 'idle'
                WHEN 'outbox_messages_notify' THEN 'always'
-           END
-      INTO previous
+           END,
+           -- tgtype: bit 0 FOR EACH ROW, bit 1 BEFORE
+           t.tgtype & 3 = 2
+      INTO previous, before_statement
       FROM pg_trigger t
       JOIN pg_proc p ON p.oid = t.tgfoid
      WHERE t.tgrelid = 'outbox_messages'::regclass
@@ -60,7 +63,7 @@ BEGIN
         RAISE EXCEPTION 'outbox_notify_mode: unknown mode %; want idle, always or off', mode
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF previous IS NOT DISTINCT FROM NULLIF(mode, 'off') THEN
+    IF previous IS NOT DISTINCT FROM NULLIF(mode, 'off') AND (previous IS NULL OR before_statement) THEN
         RETURN coalesce(previous, 'off');
     END IF;
     DROP TRIGGER IF EXISTS outbox_messages_notify ON outbox_messages;

@@ -102,7 +102,8 @@ type Result struct {
 	RSSBeforeKB *int64 `json:"rss_before_kb,omitempty"`
 
 	// Runs holds every run's result when the case ran more than once; the
-	// figures above are then the medians of theirs.
+	// figures above are then the medians of theirs, except writers'
+	// ratio_to_off, the ratio of the medians (SetRatios).
 	Runs []Result `json:"runs,omitempty"`
 }
 

@@ -2,11 +2,14 @@ package migrate_test
 
 import (
 	"context"
+	"errors"
 	"io/fs"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/migrate"
@@ -108,54 +111,110 @@ func TestMinimalInsertGetsDefaults(t *testing.T) {
 }
 
 // Migration 0014 moves the notify trigger before the insert and keeps the
-// mode a database was in: a database at 0013 in each notify mode is in the
-// same one after it, with the trigger BEFORE (or none, for off).
+// mode a database was in, and the trigger's enabled state: a database at
+// 0013 in each notify mode is in the same one after it, with the trigger
+// BEFORE and statement-level (or none, for off), and an outbox row inserted
+// then is kept. A trigger of that name on a function of the user's is left
+// as it is.
 func TestNotifyTriggerMovesBeforeInEveryMode(t *testing.T) {
 	all, err := migrate.All()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ mode, want string }{
-		{"idle", "outbox_messages_notify_idle before"},
-		{"always", "outbox_messages_notify before"},
-		{"off", ""},
+	for _, tc := range []struct{ name, at13, want string }{
+		{"idle", "SELECT outbox_notify_mode('idle')", "outbox_messages_notify_idle before statement"},
+		{"always", "SELECT outbox_notify_mode('always')", "outbox_messages_notify before statement"},
+		{"off", "SELECT outbox_notify_mode('off')", ""},
+		{"disabled", "ALTER TABLE outbox_messages DISABLE TRIGGER outbox_messages_notify",
+			"outbox_messages_notify_idle before statement disabled"},
+		{"replica", "ALTER TABLE outbox_messages ENABLE REPLICA TRIGGER outbox_messages_notify",
+			"outbox_messages_notify_idle before statement replica"},
+		{"theirs", `CREATE FUNCTION my_notify() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+			DROP TRIGGER outbox_messages_notify ON outbox_messages;
+			CREATE TRIGGER outbox_messages_notify AFTER INSERT ON outbox_messages
+				FOR EACH STATEMENT EXECUTE FUNCTION my_notify()`, "my_notify after statement"},
 	} {
-		t.Run(tc.mode, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			pool := outboxtest.Postgres(t)
 			ctx := context.Background()
 			if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
 				t.Fatal(err)
 			}
-			trigger := func() string {
-				var s string
-				if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(p.proname
-						|| CASE WHEN t.tgtype & 2 = 2 THEN ' before' ELSE ' after' END, ','), '')
-					FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
-					WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}
 			for _, m := range all {
 				if m.Version == 14 {
-					if _, err := pool.Exec(ctx, "SELECT outbox_notify_mode($1)", tc.mode); err != nil {
+					if _, err := pool.Exec(ctx, tc.at13); err != nil {
 						t.Fatal(err)
-					}
-					if got := strings.Replace(tc.want, " before", " after", 1); trigger() != got {
-						t.Fatalf("at 0013 in mode %s: trigger %q, want %q", tc.mode, trigger(), got)
 					}
 				}
 				if _, err := pool.Exec(ctx, m.SQL); err != nil {
 					t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
 				}
 			}
-			if got := trigger(); got != tc.want {
-				t.Fatalf("after 0014 from mode %s: trigger %q, want %q", tc.mode, got, tc.want)
+			if got := outboxtest.NotifyTrigger(t, pool); got != tc.want {
+				t.Fatalf("after 0014 from %s: trigger %q, want %q", tc.name, got, tc.want)
 			}
-			var mode string
-			if err := pool.QueryRow(ctx, "SELECT outbox_notify_mode($1)", tc.mode).Scan(&mode); err != nil || mode != tc.mode {
-				t.Fatalf("outbox_notify_mode(%q) after 0014 = %q (err %v), want it already in that mode", tc.mode, mode, err)
+			if _, err := pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
+				VALUES ('transfer', 'x', 'transfer.settled', '{}')`); err != nil {
+				t.Fatal(err)
+			}
+			var n int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages").Scan(&n); err != nil || n != 1 {
+				t.Fatalf("%d outbox rows after one insert (err %v), want 1", n, err)
 			}
 		})
+	}
+}
+
+// Migration 0014 re-creates the notify trigger, which locks outbox_messages;
+// behind a long transaction on the table it gives up after its lock_timeout
+// (5 s) instead of queueing every writer behind it, and the next run applies
+// it.
+func TestNotifyTriggerMigrationGivesUpBehindALongTransaction(t *testing.T) {
+	all, err := migrate.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := outboxtest.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public;
+		CREATE TABLE outbox_schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 14 {
+			break
+		}
+		if _, err := pool.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO outbox_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(ctx) }()
+	if _, err := long.Exec(ctx, "SELECT count(*) FROM outbox_messages"); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancel := context.WithTimeout(ctx, 20*time.Second) // without the lock_timeout it would wait for ever
+	defer cancel()
+	_, err = migrate.Up(wait, pool)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("migrating behind a transaction that read outbox_messages: got %v, want lock_not_available", err)
+	}
+	if err := long.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := migrate.Up(ctx, pool)
+	if err != nil || res.Current != all[len(all)-1].Version {
+		t.Fatalf("the next run: %+v, %v", res, err)
+	}
+	if got := outboxtest.NotifyTrigger(t, pool); got != "outbox_messages_notify_idle before statement" {
+		t.Fatalf("trigger %q after the next run", got)
 	}
 }

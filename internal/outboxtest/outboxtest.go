@@ -289,3 +289,23 @@ func NATSStream(t testing.TB) string {
 	})
 	return name
 }
+
+// NotifyTrigger describes outbox_messages' notify trigger as "function
+// timing level" ("outbox_messages_notify_idle before statement"), with
+// " disabled", " replica" or " always" when it is not simply enabled; ""
+// when there is none (notify mode off).
+func NotifyTrigger(t testing.TB, pool *pgxpool.Pool) string {
+	t.Helper()
+	var s string
+	// tgtype: bit 0 FOR EACH ROW, bit 1 BEFORE.
+	if err := pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(p.proname
+			|| CASE WHEN t.tgtype & 2 = 2 THEN ' before' ELSE ' after' END
+			|| CASE WHEN t.tgtype & 1 = 1 THEN ' row' ELSE ' statement' END
+			|| CASE t.tgenabled WHEN 'D' THEN ' disabled' WHEN 'R' THEN ' replica' WHEN 'A' THEN ' always' ELSE '' END,
+			','), '')
+		FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+		WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
