@@ -110,6 +110,35 @@ func TestMinimalInsertGetsDefaults(t *testing.T) {
 	}
 }
 
+// at0013 is a fresh database at migration 0013, recorded as the runner
+// records it, so that migrate.Up applies 0014 and what follows.
+func at0013(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	all, err := migrate.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := outboxtest.Postgres(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public;
+		CREATE TABLE outbox_schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 14 {
+			break
+		}
+		if _, err := pool.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
+		}
+		if _, err := pool.Exec(ctx, "INSERT INTO outbox_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pool
+}
+
 // Migration 0014 moves the notify trigger before the insert and keeps the
 // mode a database was in, and the trigger's enabled state: a database at
 // 0013 in each notify mode is in the same one after it, with the trigger
@@ -117,10 +146,6 @@ func TestMinimalInsertGetsDefaults(t *testing.T) {
 // then is kept. A trigger of that name on a function of the user's is left
 // as it is.
 func TestNotifyTriggerMovesBeforeInEveryMode(t *testing.T) {
-	all, err := migrate.All()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct{ name, at13, want string }{
 		{"idle", "SELECT outbox_notify_mode('idle')", "outbox_messages_notify_idle before statement"},
 		{"always", "SELECT outbox_notify_mode('always')", "outbox_messages_notify before statement"},
@@ -135,20 +160,13 @@ func TestNotifyTriggerMovesBeforeInEveryMode(t *testing.T) {
 				FOR EACH STATEMENT EXECUTE FUNCTION my_notify()`, "my_notify after statement"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pool := outboxtest.Postgres(t)
+			pool := at0013(t)
 			ctx := context.Background()
-			if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
+			if _, err := pool.Exec(ctx, tc.at13); err != nil {
 				t.Fatal(err)
 			}
-			for _, m := range all {
-				if m.Version == 14 {
-					if _, err := pool.Exec(ctx, tc.at13); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if _, err := pool.Exec(ctx, m.SQL); err != nil {
-					t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
-				}
+			if _, err := migrate.Up(ctx, pool); err != nil {
+				t.Fatal(err)
 			}
 			if got := outboxtest.NotifyTrigger(t, pool); got != tc.want {
 				t.Fatalf("after 0014 from %s: trigger %q, want %q", tc.name, got, tc.want)
@@ -174,24 +192,8 @@ func TestNotifyTriggerMigrationGivesUpBehindALongTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := outboxtest.Postgres(t)
+	pool := at0013(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `DROP SCHEMA public CASCADE; CREATE SCHEMA public;
-		CREATE TABLE outbox_schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
-			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range all {
-		if m.Version >= 14 {
-			break
-		}
-		if _, err := pool.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("%04d_%s: %v", m.Version, m.Name, err)
-		}
-		if _, err := pool.Exec(ctx, "INSERT INTO outbox_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
 	long, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
