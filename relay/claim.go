@@ -108,15 +108,16 @@ const beginReadCommitted = "BEGIN ISOLATION LEVEL READ COMMITTED"
 // step between commit and stream on the latency path.
 const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 
-// exec runs one relay write with asyncCommit, in one round trip.
+// exec runs one relay write with asyncCommit, in one round trip (again on a
+// fresh connection when the server closed the pooled one: onFresh).
 func (r *Relay) exec(ctx context.Context, st queries.Statement) (pgconn.CommandTag, error) {
-	var (
-		b   pgx.Batch
-		tag pgconn.CommandTag
-	)
-	queueRelayTx(&b)
-	queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
-	err := r.sendTx(ctx, &b)
+	var tag pgconn.CommandTag
+	err := r.onFresh(func() error {
+		var b pgx.Batch
+		queueRelayTx(&b)
+		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+		return r.sendTx(ctx, &b)
+	})
 	return tag, err
 }
 

@@ -24,13 +24,14 @@ const (
 	// not answer within watchTimeout is given up and reconnected.
 	watchEvery       = 250 * time.Millisecond
 	watchTimeout     = 2 * time.Second
+	// The reconnect backoff grows only while attempts fail in a row: a
+	// connection that was established (LISTENing, registered) resets it,
+	// however short it lasted, so that every incident starts from the first
+	// step. (With a reset only after 10 s up, a link flapping every 3 s grew
+	// the wait to 9 s by the eighth incident, and every event committed
+	// meanwhile waited for it: TestRelayWhoseBackendsAreTerminatedAgainAndAgain.)
 	listenBackoffMin = 100 * time.Millisecond
 	listenBackoffMax = 30 * time.Second
-	// listenHealthyAfter: a connection that lasted this long resets the
-	// backoff. (At a minute, repeated short outages grew the wait to 25 s,
-	// the LISTEN connection stayed down meanwhile, and every event waited
-	// for the poll: found by the chaos suite.)
-	listenHealthyAfter = 10 * time.Second
 )
 
 // listenLoop keeps one dedicated connection LISTENing and turns every
@@ -40,8 +41,7 @@ const (
 func (r *Relay) listenLoop(ctx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
-		start := time.Now()
-		err := r.listen(ctx, failures)
+		established, err := r.listen(ctx, failures)
 		r.listenAttempted()
 		r.stats.listenUp.Store(false)
 		r.cfg.Metrics.listen(false)
@@ -53,7 +53,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 			r.stop(err)
 			return
 		}
-		if time.Since(start) > listenHealthyAfter {
+		if established {
 			failures = 0
 		}
 		failures++
@@ -76,8 +76,14 @@ func (r *Relay) listenLoop(ctx context.Context) {
 }
 
 // listen LISTENs on one connection until it fails; failures is how many
-// attempts in a row failed before this one.
-func (r *Relay) listen(ctx context.Context, failures int) error {
+// attempts in a row failed before this one. It reports whether the
+// connection was established (LISTENing and registered) before it failed.
+func (r *Relay) listen(ctx context.Context, failures int) (established bool, _ error) {
+	err := r.listenOn(ctx, failures, &established)
+	return established, err
+}
+
+func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) error {
 	cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, r.listenCfg)
 	cancel()
@@ -137,6 +143,7 @@ func (r *Relay) listen(ctx context.Context, failures int) error {
 	r.listenPID.Store(uint32(pid))
 	defer r.listenPID.Store(0)
 	r.listenAttempted()
+	*established = true
 	// A partition owner renews now: its slots carry the new pid.
 	r.own.listening()
 	r.stats.listenUp.Store(true)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tedbank/outbox/internal/pgerr"
 	"github.com/tedbank/outbox/internal/retry"
 )
 
@@ -98,8 +99,16 @@ const (
 	drainWarnEvery = 30 * time.Second
 )
 
-// drainFailed records a failed drain and returns how soon to try again.
+// drainFailed records a failed drain and returns how soon to try again: at
+// once when the server closed the pooled connection the drain ran on (the
+// next one runs on a fresh connection: a flapping link or a restarted pooler
+// costs no backoff), else after a backoff that grows while drains fail.
 func (r *Relay) drainFailed(err error) time.Duration {
+	if pgerr.ConnLost(err) && r.dbLost < r.freshTries() {
+		r.dbLost++
+		r.connLost(err)
+		return time.Nanosecond
+	}
 	now := time.Now()
 	r.dbFailures++
 	if r.dbFailures == 1 {
@@ -120,6 +129,7 @@ func (r *Relay) drainFailed(err error) time.Duration {
 
 // drainSucceeded notes the end of a run of failed drains.
 func (r *Relay) drainSucceeded() {
+	r.dbLost = 0
 	if r.dbFailures == 0 {
 		return
 	}
@@ -132,4 +142,27 @@ func (r *Relay) drainSucceeded() {
 	case r.listenNow <- struct{}{}:
 	default:
 	}
+}
+
+// freshTries bounds the round trips tried again at once, in a row, because
+// the server closed the pooled connection they ran on: each failed one takes
+// a dead connection out of the pool, so one more than the pool holds reaches
+// a fresh connection if the server is up.
+func (r *Relay) freshTries() int { return int(r.pool.Config().MaxConns) + 1 }
+
+// onFresh runs fn, and again at once while it fails on a pooled connection
+// the server closed (freshTries at most). fn must be whole: one round trip
+// or transaction built anew at each call.
+func (r *Relay) onFresh(fn func() error) error {
+	err := fn()
+	for i := 0; i < r.freshTries() && pgerr.ConnLost(err); i++ {
+		r.connLost(err)
+		err = fn()
+	}
+	return err
+}
+
+// connLost logs a round trip tried again at once on a fresh connection.
+func (r *Relay) connLost(err error) {
+	r.log.Info("the server closed a pooled connection; trying again at once on a fresh one", slog.Any("error", err))
 }

@@ -254,7 +254,11 @@ func (p *partitionLeases) renew(ctx context.Context) {
 	if !p.renewDue() {
 		return
 	}
-	gained, err := p.renewLeases(ctx)
+	var gained bool
+	err := p.r.onFresh(func() (err error) {
+		gained, err = p.renewLeases(ctx)
+		return err
+	})
 	switch {
 	case err != nil && ctx.Err() == nil:
 		p.r.log.Warn("partition lease renewal failed", slog.Any("error", err))
@@ -310,11 +314,14 @@ func (p *partitionLeases) leave() {
 	for s := range p.leases.held {
 		slots = append(slots, s)
 	}
-	var b pgx.Batch
-	queue(&b, queries.RelayLeaseRelease(p.leases.owner, slots))
-	queue(&b, queries.RelayLeaseLeave(p.leases.owner))
-	queue(&b, r.notify(r.freedPayload()))
-	if err := r.pool.SendBatch(ctx, &b).Close(); err != nil {
+	err := r.onFresh(func() error { // a batch built anew at each try: pgx keeps per-connection state in it
+		var b pgx.Batch
+		queue(&b, queries.RelayLeaseRelease(p.leases.owner, slots))
+		queue(&b, queries.RelayLeaseLeave(p.leases.owner))
+		queue(&b, r.notify(r.freedPayload()))
+		return r.pool.SendBatch(ctx, &b).Close()
+	})
+	if err != nil {
 		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
 			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
 		return

@@ -101,7 +101,7 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 		)
 		bctx, cancel := context.WithTimeout(ctx, markTimeout)
 		st := queries.RelayBury()
-		err := r.pool.QueryRow(bctx, st.SQL, st.Args...).Scan(&dead, &slots)
+		err := r.onFresh(func() error { return r.pool.QueryRow(bctx, st.SQL, st.Args...).Scan(&dead, &slots) })
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {

@@ -105,6 +105,9 @@ type Relay struct {
 	// the backoff ends (polls wait for it; a notification does not).
 	dbFailures                       int
 	dbDownSince, dbWarned, dbRetryAt time.Time
+	// dbLost counts drains in a row tried again at once because the server
+	// closed their pooled connection (drainFailed).
+	dbLost int
 	// brokerFailures counts batches Redis refused as a whole in a row, across
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int

@@ -1,0 +1,34 @@
+// Package pgerr classifies PostgreSQL errors for the retry loops.
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ConnLost reports whether err says that the connection a round trip ran on
+// is gone while the server may well be up: the server terminated the backend
+// (pg_terminate_backend, a pooler or server restarting, an idle timeout:
+// every FATAL closes the connection) or the socket was closed or reset
+// under it. Such a round trip did not commit (a FATAL ends its transaction,
+// and a statement cut off before its reply is rolled back unless it was the
+// COMMIT itself), so it can be tried again at once on a fresh connection of
+// the pool, which destroys the dead one when it is released. A timeout is
+// not a lost connection: the server may be overloaded, and retrying at once
+// would add to its load.
+func ConnLost(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+		return false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+	return pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

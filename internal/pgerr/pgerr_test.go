@@ -1,0 +1,31 @@
+package pgerr
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestConnLost(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"terminated backend", fmt.Errorf("claim: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}), true},
+		{"idle session timeout", &pgconn.PgError{Severity: "FATAL", Code: "57P05"}, true},
+		{"statement error", &pgconn.PgError{Severity: "ERROR", Code: "23505"}, false},
+		{"serialization failure", &pgconn.PgError{Severity: "ERROR", Code: "40001"}, false},
+		{"socket closed", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{"cancelled", fmt.Errorf("claim: %w", context.Canceled), false},
+		{"deadline", context.DeadlineExceeded, false},
+	} {
+		if got := ConnLost(c.err); got != c.want {
+			t.Errorf("%s: ConnLost(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package relay_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+)
+
+// flapBound is how long after its commit an event may reach the stream while
+// the relay's connections are being terminated. The issue's bound is 1 s;
+// the rest is slack for a loaded machine under -race. Before every incident
+// started from zero, the LISTEN connection's backoff grew with each incident
+// (8 s and more by the sixth) and the drain's with each dead pooled
+// connection, so events waited for seconds.
+const flapBound = 2 * time.Second
+
+// A lone relay whose PostgreSQL backends are all terminated again and again
+// (a flapping link, a pooler or server restarted): each incident starts from
+// zero. A reconnect that succeeded resets the LISTEN connection's backoff,
+// and a round trip that failed on a pooled connection the server closed is
+// tried again at once on a fresh one, so every event reaches the stream
+// within flapBound of its commit, incident after incident.
+func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
+	f := newFixture(t)
+	const app = "flapping-relay"
+	cfg, err := pgxpool.ParseConfig(f.DBURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(f.Ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var logs relaytest.SyncBuffer
+	rcfg := f.RelayConfig("flapping")
+	rcfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, os.Stderr), nil))
+	r := f.NewRelayWithPool(pool, rcfg)
+	f.Run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the relay is not listening")
+
+	const incidents, perBurst = 12, 5
+	var mu sync.Mutex
+	committed := map[string]time.Time{} // event id -> a moment before its commit
+	settle := func(n int) {
+		before := time.Now()
+		for _, tr := range f.Settle(n) {
+			var id string
+			if err := f.Pool.QueryRow(f.Ctx, "SELECT id::text FROM outbox_messages WHERE aggregate_id = $1",
+				tr.ID.String()).Scan(&id); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			committed[id] = before
+			mu.Unlock()
+		}
+	}
+	// A steady trickle besides the bursts keeps the relay's pooled
+	// connections in use, so that the pool does not find them dead on its
+	// own (it pings a connection idle for over a second): the relay's
+	// round trips meet them.
+	stopTrickle := make(chan struct{})
+	trickled := make(chan struct{})
+	go func() {
+		defer close(trickled)
+		for {
+			select {
+			case <-stopTrickle:
+				return
+			case <-time.After(20 * time.Millisecond):
+				settle(1)
+			}
+		}
+	}()
+	for i := range incidents {
+		// Every backend of the relay, LISTEN connection and pooled ones.
+		// The LISTEN connection is back by now (it reconnects within a
+		// backoff's first step); if it is not, it is waiting out a backoff
+		// that an earlier incident grew.
+		outboxtest.Eventually(t, flapBound, func() bool {
+			return r.Stats().ListenUp && f.Count(`SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = $1`, app+"-listen") == 1
+		}, "incident %d: the relay's LISTEN connection is still down", i+1)
+		f.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE $1`, app+"%")
+		settle(perBurst) // while it reconnects
+		time.Sleep(300 * time.Millisecond)
+		settle(perBurst) // once it has
+		time.Sleep(700 * time.Millisecond)
+	}
+	close(stopTrickle)
+	<-trickled
+	outboxtest.Eventually(t, 30*time.Second, func() bool {
+		return len(f.Entries(f.Stream())) >= len(committed)
+	}, "not every event reached the stream")
+
+	msgs, err := f.Redis.XRange(f.Ctx, f.Stream(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[string]time.Time{} // event id -> its first entry's time
+	for _, m := range msgs {
+		id, _ := m.Values["event_id"].(string)
+		ms, err := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := first[id]; !ok {
+			first[id] = time.UnixMilli(ms)
+		}
+	}
+	var late []string
+	var waits []time.Duration
+	for id, at := range committed {
+		sent, ok := first[id]
+		if !ok {
+			t.Fatalf("event %s is not in the stream", id)
+		}
+		w := sent.Sub(at)
+		waits = append(waits, w)
+		if w > flapBound {
+			late = append(late, fmt.Sprintf("%s after %s", id, w.Round(time.Millisecond)))
+		}
+	}
+	slices.Sort(waits)
+	t.Logf("%d events over %d incidents; commit to stream: median %s, max %s", len(waits), incidents,
+		waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
+	// Each incident started from zero: no backoff, no failure left to a
+	// later renewal or takeover; and the relay did meet dead pooled
+	// connections (the test is not passing for want of them).
+	log := string(logs.Bytes())
+	for _, failed := range []string{"drain failed", "renewal failed", "taking over the work of relays that died failed",
+		"returning the claims of relays that died failed", "reaper failed"} {
+		if strings.Contains(log, failed) {
+			t.Errorf("the relay's log says %q: an incident did not start from zero", failed)
+		}
+	}
+	if !strings.Contains(log, "trying again at once on a fresh one") {
+		t.Error("the relay never met a pooled connection the server had closed")
+	}
+	if len(late) > 0 {
+		t.Fatalf("%d of %d events reached the stream more than %s after their commit: %v",
+			len(late), len(waits), flapBound, late)
+	}
+}
