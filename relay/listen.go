@@ -22,8 +22,8 @@ const (
 	// and slots are taken over at once, not when their leases run out. The
 	// look doubles as the LISTEN connection's health check: one that does
 	// not answer within watchTimeout is given up and reconnected.
-	watchEvery       = 250 * time.Millisecond
-	watchTimeout     = 2 * time.Second
+	watchEvery   = 250 * time.Millisecond
+	watchTimeout = 2 * time.Second
 	// The reconnect backoff grows only while attempts fail in a row: a
 	// connection that was established (LISTENing, registered) resets it,
 	// however short it lasted, so that every incident starts from the first
