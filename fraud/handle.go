@@ -59,6 +59,18 @@ func (e *effects) Handle(ctx context.Context, b consumer.Batch) []consumer.Resul
 			continue
 		}
 		if want := partition.Of(ev.FromAccount, e.cfg.Partitions); want != b.Partition {
+			if m.Key != "" && m.Key != ev.FromAccount && partition.Of(m.Key, e.cfg.Partitions) == b.Partition {
+				// Routed by a key other than its sender, where this
+				// consumer would route that key too: the writer chose the
+				// key, and no configuration change will ever make the
+				// entry applicable here.
+				res[i].Err = consumer.Invalid("event %s of sender %s has partition_key %q: a transfer.settled event "+
+					"must be keyed by its sender (from_account), as transfer.Settle and migration 0015 key it; "+
+					"in the stream of partition %d its effects would land among another partition's senders",
+					ev.EventID, ev.FromAccount, m.Key, b.Partition)
+				order.Failed(m, res[i].Err)
+				continue
+			}
 			// Its effects would land among another partition's keys: keep
 			// it pending, loudly, until the configuration is fixed.
 			res[i].Err = fmt.Errorf("event %s of sender %s is in the stream of partition %d, but of %d partitions the sender's is %d: "+

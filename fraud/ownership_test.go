@@ -246,6 +246,64 @@ func TestEntryInTheWrongPartitionStaysPending(t *testing.T) {
 	}
 }
 
+// An entry keyed by something other than its sender (a row written with a
+// partition_key of the writer's own choosing), in the stream of the
+// partition its key hashes to: the relay and this consumer agree on the
+// number of partitions, and waiting cannot help. It is invalid, with the
+// reason, and goes to the dead-letter stream at its MaxDeliveries-th
+// delivery instead of being retried forever.
+func TestEntryKeyedByAnotherThanItsSenderIsInvalid(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	const parts = 4
+	stream := rdb.Prefix + "outbox.event.transfer"
+	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1",
+		Partitions: parts, MaxDeliveries: 2})
+	sender, key := "ana", ""
+	for i := 0; key == ""; i++ { // a key of another partition than the sender's
+		if k := fmt.Sprintf("t-%d", i); partition.Of(k, parts) != partition.Of(sender, parts) {
+			key = k
+		}
+	}
+	p := partition.Of(key, parts)
+	publishKeyedAs(t, rdb, partition.Stream(stream, p, parts), sender, key)
+	if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil { // its first delivery: kept, as invalid
+		t.Fatalf("ReadNew: %v", err)
+	}
+	if err := consumertest.ProcessPending(ctx, c.Consumer); err != nil { // its second delivery
+		t.Fatalf("ProcessPending: %v, want the entry dead-lettered", err)
+	}
+	keys := Keys{Prefix: rdb.Prefix + "fraud:", Partitions: parts}.Partition(p)
+	dlq, err := rdb.XRange(ctx, keys.DeadLetters(), "-", "+").Result()
+	if err != nil || len(dlq) != 1 {
+		t.Fatalf("dead-letter stream %v (%v), want the entry", dlq, err)
+	}
+	if reason, _ := dlq[0].Values["dlq_reason"].(string); !strings.Contains(reason, consumer.ErrInvalid.Error()) ||
+		!strings.Contains(reason, `partition_key "`+key+`"`) {
+		t.Fatalf("dead letter's reason %q: want an invalid event, naming its partition_key", reason)
+	}
+	if p, err := rdb.XPending(ctx, partition.Stream(stream, p, parts), DefaultGroup).Result(); err != nil || p.Count != 0 {
+		t.Fatalf("pending %+v (%v), want the entry acknowledged with its dead letter", p, err)
+	}
+}
+
+// publishKeyedAs adds a TED of sender to stream, keyed by key.
+func publishKeyedAs(t *testing.T, rdb outboxtest.Redis, stream, sender, key string) {
+	t.Helper()
+	id, tid := uuid.New(), uuid.New()
+	p, _ := json.Marshal(map[string]any{
+		"schema_version": 1, "event_id": id, "transfer_id": tid, "from_account": sender, "to_account": "dest",
+		"amount_cents": 100, "currency": "BRL", "settled_at": time.Now(),
+	})
+	if err := rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: stream, Values: []any{
+		"event_id", id.String(), "event_type", "transfer.settled", "aggregate_type", "transfer",
+		"aggregate_id", tid.String(), "payload", string(p), "headers", "{}",
+		"occurred_at", time.Now().Format(time.RFC3339Nano), "partition_key", key,
+	}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // newGroupConsumer returns a consumer of cfg whose group exists.
 func newGroupConsumer(t *testing.T, rdb outboxtest.Redis, cfg Config) *Consumer {
 	t.Helper()

@@ -11,6 +11,25 @@ SET check_function_bodies = false;
 
 CREATE SCHEMA public;
 
+-- FUNCTION outbox_messages_key_settled()
+
+CREATE FUNCTION public.outbox_messages_key_settled() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    sender text := NEW.payload->>'from_account';
+BEGIN
+    -- Only a key the table accepts (outbox_messages_partition_key_set): an
+    -- account anti-fraud would refuse anyway must not fail the settlement.
+    IF length(sender) BETWEEN 1 AND 200 THEN
+        NEW.partition_key := sender;
+        PERFORM pg_advisory_xact_lock(1869903215, outbox_relay_slot(NEW.aggregate_type || '/' || sender, 256));
+        NEW.seq := nextval('outbox_messages_seq');
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 -- FUNCTION outbox_messages_notify()
 
 CREATE FUNCTION public.outbox_messages_notify() RETURNS trigger
@@ -308,6 +327,10 @@ CREATE INDEX outbox_messages_unpublished_by_partition ON public.outbox_messages 
 -- INDEX transfers_from_account_settled_at
 
 CREATE INDEX transfers_from_account_settled_at ON public.transfers USING btree (from_account, settled_at);
+
+-- TRIGGER outbox_messages outbox_messages_key_settled
+
+CREATE TRIGGER outbox_messages_key_settled BEFORE INSERT ON public.outbox_messages FOR EACH ROW WHEN (((new.partition_key IS NULL) AND (new.event_type = 'transfer.settled'::text))) EXECUTE FUNCTION public.outbox_messages_key_settled();
 
 -- TRIGGER outbox_messages outbox_messages_notify
 
