@@ -1,7 +1,9 @@
 package outbox_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -107,6 +110,39 @@ func TestOnRedisCluster(t *testing.T) {
 			}
 		})
 	}
+
+	// One node that evicts, a replica (a master after a failover), is
+	// enough for the relays and consumers to refuse the cluster.
+	t.Run("an evicting replica is refused", func(t *testing.T) {
+		f := newFixture(t)
+		replica := cluster.Nodes[len(cluster.Nodes)-1]
+		opt, err := redis.ParseURL(replica.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node := redis.NewClient(opt)
+		defer node.Close()
+		if err := node.ConfigSet(f.Ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+			t.Fatal(err)
+		}
+		defer node.ConfigSet(context.WithoutCancel(f.Ctx), "maxmemory-policy", "noeviction") //nolint:errcheck // the cluster ends with the test
+		ctx, cancel := context.WithTimeout(f.Ctx, 20*time.Second)
+		defer cancel()
+		r, err := relay.New(f.Pool, cc, f.RelayConfig("r1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Run(ctx); !errors.Is(err, relay.ErrEvictingRedis) || !strings.Contains(err.Error(), opt.Addr+" allkeys-lru") {
+			t.Fatalf("relay.Run on a cluster with an evicting replica: %v, want ErrEvictingRedis naming %s", err, opt.Addr)
+		}
+		c, err := fraud.New(cc, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", Partitions: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Run(ctx); !errors.Is(err, consumer.ErrEvictingRedis) {
+			t.Fatalf("fraud Run on a cluster with an evicting replica: %v, want ErrEvictingRedis", err)
+		}
+	})
 }
 
 // runOnCluster settles 200 TEDs of 20 senders while a relay and two

@@ -1,12 +1,19 @@
 package outbox_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/testenv"
+	"github.com/tedbank/outbox/ledger"
 	"github.com/tedbank/outbox/relay"
 )
 
@@ -38,4 +45,77 @@ func TestRedisDurabilityCheck(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A relay and the consumers (anti-fraud, the ledger: every consumer of
+// package consumer) refuse to start on a Redis whose maxmemory-policy
+// evicts (volatile-lru, the default of several managed services): its
+// dedupe markers could be evicted and a redelivered TED judged twice. The
+// policy is read from INFO, here on a Redis that forbids CONFIG, as managed
+// services do. Allowed explicitly, both run (and the relay publishes).
+func TestEvictingRedisIsRefused(t *testing.T) {
+	srv, err := testenv.LocalRedis(t.Context(), testenv.Options{ExtraArgs: []string{
+		"--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", ""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	opt, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.ConfigGet(t.Context(), "maxmemory-policy").Err(); err == nil {
+		t.Fatal("CONFIG answers: the test's Redis is not like a managed one")
+	}
+	f := newFixture(t)
+	refused := func(what string, err error, sentinel error) {
+		t.Helper()
+		if !errors.Is(err, sentinel) || !strings.Contains(err.Error(), "volatile-lru") ||
+			!strings.Contains(err.Error(), "allow-evicting-redis") {
+			t.Fatalf("%s on an evicting Redis: %v, want %v naming the policy and the override", what, err, sentinel)
+		}
+	}
+	ctx, cancel := context.WithTimeout(f.Ctx, 20*time.Second)
+	defer cancel()
+
+	r, err := relay.New(f.Pool, rdb, f.RelayConfig("relay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("relay.Run", r.Run(ctx), relay.ErrEvictingRedis)
+	c, err := fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("fraud Run", c.Run(ctx), consumer.ErrEvictingRedis)
+	l, err := ledger.New(f.Pool, rdb, ledger.Config{Consumer: consumer.Config{Stream: f.Stream(), KeyPrefix: "ledger:", Consumer: "l1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused("ledger Run", l.Run(ctx), consumer.ErrEvictingRedis)
+	out, err := f.OutboxCmd("", "fraud", "--redis-url", srv.URL, "--stream", f.Stream(), "--key-prefix", f.keyPrefix()).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "volatile-lru") || !strings.Contains(string(out), "--allow-evicting-redis") {
+		t.Fatalf("outbox fraud on an evicting Redis: %v\n%s", err, out)
+	}
+
+	// Allowed: they run, and the relay publishes.
+	cfg := f.RelayConfig("relay")
+	cfg.AllowEvictingRedis = true
+	r, err = relay.New(f.Pool, rdb, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Run(r.Run)
+	c, err = fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", AllowEvictingRedis: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Run(c.Run)
+	f.Settle(1)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		rep, err := fraud.ReadReport(f.Ctx, rdb, f.keys())
+		return err == nil && rep.Verdicts == 1
+	}, "the TED was not judged with the evicting Redis allowed")
 }

@@ -97,6 +97,13 @@ type Config struct {
 	// outlive it: New checks (CheckDedupeWindow). Default
 	// DefaultRelayRedelivery.
 	RelayRedelivery time.Duration
+	// AllowEvictingRedis lets Run start on a Redis whose maxmemory-policy
+	// evicts keys (any but noeviction, on any node of a Redis Cluster): the
+	// handler's dedupe records, if it keeps them in Redis, or the stream
+	// itself can be evicted, and a redelivered event take effect twice. By
+	// default Run refuses such a Redis (ErrEvictingRedis), read from INFO,
+	// which managed services allow where they forbid CONFIG.
+	AllowEvictingRedis bool
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the consumer's Prometheus metrics.

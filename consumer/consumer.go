@@ -41,6 +41,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer/source"
+	"github.com/tedbank/outbox/internal/redischeck"
 	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
 )
@@ -192,6 +193,9 @@ func (c *Consumer) ensureGroup(ctx context.Context, pt part) error {
 // order, then reads new ones, and every ClaimInterval re-delivers its own
 // entries idle for ClaimMinIdle (ones that keep failing).
 func (c *Consumer) Run(ctx context.Context) error {
+	if err := c.checkEviction(ctx); err != nil {
+		return err
+	}
 	if err := c.EnsureGroup(ctx); err != nil {
 		return err
 	}
@@ -332,4 +336,26 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 			needPending = true
 		}
 	}
+}
+
+// checkEviction refuses a Redis that evicts keys (ErrEvictingRedis) unless
+// Config.AllowEvictingRedis says otherwise; a Redis it cannot read INFO
+// from is not refused (the first read says why, if it is down).
+func (c *Consumer) checkEviction(ctx context.Context) error {
+	nodes, err := redischeck.Inspect(ctx, c.rdb)
+	if err != nil {
+		c.log.Warn("could not read the Redis eviction policy", slog.Any("error", err))
+		return nil
+	}
+	if addrs := redischeck.NoAOF(nodes); len(addrs) > 0 && c.src == nil {
+		c.log.Warn("Redis runs without appendonly: a Redis restart loses the stream's entries and the group's "+
+			"pending entries (set appendonly yes)", slog.Any("nodes", addrs))
+	}
+	if err := redischeck.Refuse(nodes, "AllowEvictingRedis (outbox: --allow-evicting-redis)"); err != nil {
+		if !c.cfg.AllowEvictingRedis {
+			return err
+		}
+		c.log.Warn("starting on an evicting Redis, as allowed", slog.Any("warning", err))
+	}
+	return nil
 }

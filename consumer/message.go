@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tedbank/outbox/consumer/source"
+	"github.com/tedbank/outbox/internal/redischeck"
 	"time"
 
 	"github.com/google/uuid"
@@ -125,6 +126,9 @@ var (
 	// partition's lease no longer holds this consumer's value (or a
 	// Source found a newer owner: it is source.ErrFenced).
 	ErrFenced = source.ErrFenced
+	// ErrEvictingRedis is wrapped by Run's error when the Redis it works
+	// with evicts keys under memory pressure (Config.AllowEvictingRedis).
+	ErrEvictingRedis = redischeck.ErrEvicting
 )
 
 // Invalid returns an error that wraps ErrInvalid.

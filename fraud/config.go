@@ -107,6 +107,10 @@ type Config struct {
 	// per-sender order after the fact (the chaos suite checks it). 0, the
 	// default, keeps none.
 	AuditLen int
+	// AllowEvictingRedis lets the consumer start on a Redis whose
+	// maxmemory-policy evicts keys: its dedupe markers can then be evicted
+	// and a redelivered TED judged twice (consumer.Config.AllowEvictingRedis).
+	AllowEvictingRedis bool
 	// Logger receives the consumer's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the consumer's Prometheus metrics
@@ -186,7 +190,7 @@ func (c Config) engine() consumer.Config {
 		Name: "fraud", Stream: c.Stream, Group: c.Group, Consumer: c.Consumer, KeyPrefix: c.KeyPrefix,
 		BatchSize: c.BatchSize, MaxBatchSize: c.MaxBatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
 		MaxDeliveries: c.MaxDeliveries, Partitions: c.Partitions, PartitionLease: c.PartitionLease,
-		RelayRedelivery: c.RelayRedelivery, Logger: c.Logger, Metrics: c.Metrics,
+		RelayRedelivery: c.RelayRedelivery, Logger: c.Logger, Metrics: c.Metrics, AllowEvictingRedis: c.AllowEvictingRedis,
 	}
 }
 

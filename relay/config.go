@@ -179,6 +179,14 @@ type Config struct {
 	// ListenConfig is the connection used only for LISTEN. Default: the pool's
 	// connection config with application_name "<pool application_name>-listen".
 	ListenConfig *pgx.ConnConfig
+	// AllowEvictingRedis lets Run start on a Redis whose maxmemory-policy
+	// evicts keys (any but noeviction, on any node of a Redis Cluster). The
+	// relay's streams survive the volatile policies, but the consumers'
+	// dedupe markers on the same Redis do not: a relay that publishes an
+	// event again (killed between its XADD and its mark) then has it take
+	// effect twice. By default Run refuses such a Redis (ErrEvictingRedis),
+	// read from INFO, which managed services allow where they forbid CONFIG.
+	AllowEvictingRedis bool
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the relay's Prometheus metrics.

@@ -2,28 +2,40 @@ package relay
 
 import (
 	"context"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/internal/redischeck"
 )
 
 // CheckRedisDurability returns warnings about Redis settings under which
 // events the outbox already marked published can be lost: without an
 // append-only file a restart loses the streams, and an eviction policy other
 // than noeviction can evict streams or consumer-side dedupe markers under
-// memory pressure. It returns nothing when CONFIG is not allowed (managed
-// Redis services often forbid it).
+// memory pressure. It reads INFO (allowed where managed Redis services
+// forbid CONFIG), on every node of a Redis Cluster, and returns nothing when
+// Redis does not answer. Run refuses an evicting Redis by itself
+// (ErrEvictingRedis) and logs the other warnings.
 func CheckRedisDurability(ctx context.Context, rdb redis.Cmdable) []string {
-	cfg, err := rdb.ConfigGet(ctx, "appendonly").Result()
+	nodes, err := redischeck.Inspect(ctx, rdb)
 	if err != nil {
 		return nil
 	}
+	return durabilityWarnings(nodes)
+}
+
+func durabilityWarnings(nodes []redischeck.Node) []string {
 	var warnings []string
-	if cfg["appendonly"] == "no" {
-		warnings = append(warnings, "Redis runs without appendonly: a Redis restart loses stream entries the outbox already marked published (set appendonly yes)")
+	if addrs := redischeck.NoAOF(nodes); len(addrs) > 0 {
+		warnings = append(warnings, "Redis runs without appendonly ("+strings.Join(addrs, ", ")+
+			"): a Redis restart loses stream entries the outbox already marked published (set appendonly yes; "+
+			"outbox reconcile finds what was lost)")
 	}
-	if policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result(); err == nil {
-		if p := policy["maxmemory-policy"]; p != "" && p != "noeviction" {
-			warnings = append(warnings, "Redis maxmemory-policy is "+p+": streams or dedupe markers can be evicted (set noeviction, so writes fail loudly instead)")
+	for _, n := range nodes {
+		if n.Evicting() {
+			warnings = append(warnings, "Redis maxmemory-policy is "+n.Policy+" ("+n.Addr+
+				"): streams or dedupe markers can be evicted (set noeviction, so writes fail loudly instead)")
 		}
 	}
 	return warnings

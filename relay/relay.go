@@ -34,6 +34,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tedbank/outbox/internal/redischeck"
 	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/relay/broker"
 	"github.com/tedbank/outbox/relay/redisbroker"
@@ -252,6 +254,9 @@ func (r *Relay) Stats() Stats {
 // releases) the batch in flight and returns nil. It returns an error only if
 // it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.checkEviction(ctx); err != nil {
+		return err
+	}
 	if r.resolveOwnership(ctx) != nil {
 		return nil // stopped before it could choose (it waits for the database)
 	}
@@ -328,4 +333,31 @@ func (r *Relay) kick() {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// checkEviction refuses a Redis that evicts keys (ErrEvictingRedis) unless
+// Config.AllowEvictingRedis says otherwise. Only relay.New's Redis Streams
+// are read; a Redis it cannot read INFO from is not refused (the first
+// publish says why, if it is down).
+func (r *Relay) checkEviction(ctx context.Context) error {
+	if r.rdb == nil {
+		return nil
+	}
+	nodes, err := redischeck.Inspect(ctx, r.rdb)
+	if err != nil {
+		r.log.Warn("could not read the Redis eviction policy", slog.Any("error", err))
+		return nil
+	}
+	for _, w := range durabilityWarnings(nodes) {
+		if !strings.Contains(w, "maxmemory-policy") { // refused, or allowed, below
+			r.log.Warn(w)
+		}
+	}
+	if err := redischeck.Refuse(nodes, "Config.AllowEvictingRedis (outbox relay: --allow-evicting-redis)"); err != nil {
+		if !r.cfg.AllowEvictingRedis {
+			return err
+		}
+		r.log.Warn("starting on an evicting Redis, as allowed", slog.Any("warning", err))
+	}
+	return nil
 }

@@ -56,6 +56,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Retention, "retention", fraud.DefaultRetention, "how long verdicts, daily sender totals and review alerts are kept (after the end of the settlement day); bounds Redis memory")
 	minReplicas := minReplicasFlag(e, fs, "acknowledge an entry only once this many Redis replicas have its effect (WAIT); unconfirmed entries stay pending and are retried")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it; the group's consumers divide them among themselves")
+	allowEvicting := allowEvictingFlag(e, fs)
 	fs.DurationVar(&cfg.PartitionLease, "partition-lease", fraud.DefaultPartitionLease, "how long this consumer's hold on a partition lasts unrenewed: a dead consumer's partitions move within it")
 	fs.IntVar(&cfg.AuditLen, "audit-len", 0, "keep a stream per partition of the effects in the order applied (<prefix>audit), about this many entries each; 0 keeps none")
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", time.Second, "longest wait for --min-replicas per batch")
@@ -75,6 +76,9 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if cfg.Partitions, err = partitions(); err != nil {
+		return err
+	}
+	if cfg.AllowEvictingRedis, err = allowEvicting(); err != nil {
 		return err
 	}
 	if cfg.BatchSize <= 0 || cfg.MaxBatchSize < 0 || cfg.Block <= 0 || cfg.ClaimInterval <= 0 || cfg.ClaimMinIdle <= 0 ||
@@ -178,5 +182,23 @@ func partitionsFlag(e *env, fs *flag.FlagSet, usage string) func() (int, error) 
 			return 0, usagef("--partitions %q (or OUTBOX_PARTITIONS): want a whole number from 1 to %d", *v, partition.Max)
 		}
 		return n, nil
+	}
+}
+
+// allowEvictingFlag defines --allow-evicting-redis, defaulting to
+// OUTBOX_ALLOW_EVICTING_REDIS; the returned function reads it after parsing.
+func allowEvictingFlag(e *env, fs *flag.FlagSet) func() (bool, error) {
+	v := fs.String("allow-evicting-redis", e.getenv("OUTBOX_ALLOW_EVICTING_REDIS"),
+		"start even if Redis evicts keys under memory pressure (a maxmemory-policy other than noeviction, on any node): "+
+			"dedupe markers can then be evicted and a redelivered event take effect twice (env OUTBOX_ALLOW_EVICTING_REDIS; default false: refuse)")
+	return func() (bool, error) {
+		if *v == "" {
+			return false, nil
+		}
+		b, err := strconv.ParseBool(*v)
+		if err != nil {
+			return false, usagef("--allow-evicting-redis %q (or OUTBOX_ALLOW_EVICTING_REDIS): want true or false", *v)
+		}
+		return b, nil
 	}
 }

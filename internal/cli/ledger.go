@@ -67,6 +67,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cc.RelayRedelivery, "relay-redelivery", consumer.DefaultRelayRedelivery, "how long after its first publication a relay may publish an event again (attempts × (lease + reap + backoff)); the inbox retention must exceed it")
 	fs.DurationVar(&cfg.Inbox.Retention, "inbox-retention", inbox.DefaultRetention, "how long processed event ids stay in the inbox")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream, as the relay splits it")
+	allowEvicting := allowEvictingFlag(e, fs)
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9466 (off when empty)")
 	broker := brokerFlags(e, fs)
 	if err := e.parse(fs, args); err != nil {
@@ -80,6 +81,9 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if cc.Partitions, err = partitions(); err != nil {
+		return err
+	}
+	if cc.AllowEvictingRedis, err = allowEvicting(); err != nil {
 		return err
 	}
 	if cc.BatchSize <= 0 || cc.MaxBatchSize < 0 || cc.Block <= 0 || cc.ClaimInterval <= 0 || cc.ClaimMinIdle <= 0 || cc.MaxDeliveries <= 0 ||

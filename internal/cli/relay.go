@@ -36,6 +36,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
 	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")
 	partitions := partitionsFlag(e, fs, "split each stream into this many partition streams, by partition key (the sender account for TEDs)")
+	allowEvicting := allowEvictingFlag(e, fs)
 	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
 	broker := brokerFlags(e, fs)
@@ -71,6 +72,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if cfg.Partitions, err = partitions(); err != nil {
+		return err
+	}
+	if cfg.AllowEvictingRedis, err = allowEvicting(); err != nil {
 		return err
 	}
 	cfg.BusyPace = *busyPace
@@ -109,9 +113,6 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer rdb.Close()
-		for _, w := range relay.CheckRedisDurability(ctx, rdb) {
-			log.Warn(w)
-		}
 		newRelay = func() (*relay.Relay, error) { return relay.New(pool, rdb, cfg) }
 	}
 	stopTracing, err := traceexport.Setup(ctx, "outbox-relay", log)
