@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -115,6 +116,15 @@ func (c *Consumer) own(ctx context.Context) error {
 			c.log.Warn("leaving the group's members failed; the others rebalance when the membership runs out", slog.Any("error", err))
 		}
 	}()
+	// The heartbeat stops before the membership is left (defers run in
+	// reverse), so that it does not write the membership back.
+	hctx, stopHeartbeat := context.WithCancel(ctx)
+	var heartbeat sync.WaitGroup
+	heartbeat.Go(func() { c.heartbeat(hctx) })
+	defer func() {
+		stopHeartbeat()
+		heartbeat.Wait()
+	}()
 
 	// A full pass (name, membership, leases) every renewEvery, and at once
 	// when the members changed; in between, every presenceEvery, the
@@ -135,7 +145,7 @@ func (c *Consumer) own(ctx context.Context) error {
 			nameTaken = true
 			return err
 		}
-		if members, err := c.members(ctx); err != nil {
+		if members, _, err := c.members(ctx); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("reading the group's members failed", slog.Any("error", err))
 			}
@@ -187,11 +197,11 @@ func (c *Consumer) own(ctx context.Context) error {
 			// key moved to another node), so that the others do not take
 			// this consumer for dead.
 			_ = pres.open(ctx)
-			members, err := c.members(ctx)
+			members, scores, err := c.members(ctx)
 			if err != nil {
 				break // the full pass logs it
 			}
-			if pres.look(ctx, members) || !slices.Equal(members, lastMembers) {
+			if pres.look(ctx, members, scores) || !slices.Equal(members, lastMembers) {
 				break
 			}
 			// A partition this consumer wants but does not hold yet (its
@@ -204,10 +214,22 @@ func (c *Consumer) own(ctx context.Context) error {
 	}
 }
 
-// members says this consumer is alive and returns the group's live members.
-func (c *Consumer) members(ctx context.Context) ([]string, error) {
+// members says this consumer is alive and returns the group's live members,
+// sorted, and each one's membership score (when its membership ends: it
+// moves forward at every heartbeat of a live member).
+func (c *Consumer) members(ctx context.Context) ([]string, map[string]string, error) {
 	ttl := c.cfg.PartitionLease.Milliseconds()
-	return membersScript.Run(ctx, c.rdb, []string{c.keys.Members(c.cfg.Group)}, c.cfg.Consumer, ttl).StringSlice()
+	flat, err := membersScript.Run(ctx, c.rdb, []string{c.keys.Members(c.cfg.Group)}, c.cfg.Consumer, ttl).StringSlice()
+	if err != nil {
+		return nil, nil, err
+	}
+	names := make([]string, 0, len(flat)/2)
+	scores := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		names = append(names, flat[i])
+		scores[flat[i]] = flat[i+1]
+	}
+	return names, scores, nil
 }
 
 // assigned returns the partitions this consumer should own among members.
@@ -235,4 +257,22 @@ func (c *Consumer) lease(ctx context.Context, pt part) (string, error) {
 		return "", fmt.Errorf("partition %d lease: %w", pt.n, err)
 	}
 	return v, nil
+}
+
+// heartbeat renews this consumer's membership every presenceEvery, on its
+// own goroutine: the others take a member whose membership stops moving for
+// stallAfter for a stalled process (presence.go), so it must not wait for
+// the full pass, which can take longer (a worker finishing its batch before
+// it hands a partition over). Its errors are the full pass's to report.
+func (c *Consumer) heartbeat(ctx context.Context) {
+	t := time.NewTicker(presenceEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		_, _, _ = c.members(ctx)
+	}
 }

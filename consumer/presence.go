@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,9 +25,15 @@ import (
 // and the entries it read and never acknowledged (their takeover, work), at
 // once.
 //
-// What Redis cannot see still waits for the leases: a consumer that stalled
-// with its connections open, or whose link went half-open (until the
-// server's tcp-keepalive gives up on it). A consumer whose client cannot hold
+// A consumer that stalled with its connections open (a process stopped,
+// paused or swapped out, or a link gone half-open) is what Redis cannot see:
+// its heartbeat shows it instead. Every live consumer renews its membership
+// every presenceEvery, on a goroutine of its own (heartbeat), which moves
+// its score in the members key forward; a member whose score has not moved
+// for stallAfter is buried as a dead one is. Woken, a stalled consumer finds
+// its partitions taken (its effects fenced by their new leases), writes its
+// membership back and rejoins. What neither can see still waits for the
+// leases. A consumer whose client cannot hold
 // a connection of its own (neither *redis.Client nor *redis.ClusterClient)
 // says so in its token (no presencePrefix) and is never taken for dead by
 // presence; one whose user may not run CLIENT LIST finds no one dead.
@@ -34,6 +41,12 @@ import (
 // presenceEvery is how often a consumer looks for dead members (and renews
 // its membership).
 const presenceEvery = 250 * time.Millisecond
+
+// stallAfter: a member whose membership score has not moved for this long
+// (four heartbeats missed) stalled. A second keeps the takeover, with a look
+// and the new owner's first read, under the 2 s an event may wait
+// (TestStalledConsumerIsTakenOverWithinASecond).
+const stallAfter = time.Second
 
 // presencePrefix starts the process token of a consumer that keeps a
 // presence connection.
@@ -49,6 +62,13 @@ type presence struct {
 	node   *redis.Client        // where the members key lives: the connection and CLIENT LIST go there
 	absent map[string]time.Time // members found missing, since when
 	denied bool                 // CLIENT LIST refused: look no more
+	beats  map[string]beat      // members' membership scores, and since when each is unchanged
+}
+
+// beat is a member's membership score and when this consumer first saw it.
+type beat struct {
+	score string
+	since time.Time
 }
 
 // presenceCapable: rdb can hold a connection of its own.
@@ -156,10 +176,17 @@ func (p *presence) close() {
 	}
 }
 
-// look finds the members (other than this consumer) that are dead and buries
-// them; it reports whether it buried any.
-func (p *presence) look(ctx context.Context, members []string) bool {
-	if p.denied || p.node == nil || len(members) < 2 {
+// look finds the members (other than this consumer) that are dead or
+// stalled and buries them; it reports whether it buried any. scores are the
+// members' membership scores.
+func (p *presence) look(ctx context.Context, members []string, scores map[string]string) bool {
+	if len(members) < 2 {
+		return false
+	}
+	if p.lookStalled(ctx, members, scores) {
+		return true
+	}
+	if p.denied || p.node == nil {
 		return false
 	}
 	connected, err := connectedNames(ctx, p.node)
@@ -203,7 +230,7 @@ func (p *presence) look(ctx context.Context, members []string) bool {
 			continue
 		}
 		delete(p.absent, m)
-		if p.bury(ctx, m, token) {
+		if p.bury(ctx, m, token, "") {
 			buried = true
 		}
 	}
@@ -216,8 +243,11 @@ func (p *presence) look(ctx context.Context, members []string) bool {
 }
 
 // bury ends dead member m's membership (its process token token) and gives
-// back its partition leases and its name; it reports whether it did.
-func (p *presence) bury(ctx context.Context, m, token string) bool {
+// back its partition leases and its name; it reports whether it did. why
+// says why a live process is buried (it stalled); "" for a dead one. An
+// empty token (a stalled member whose name lease ran out) matches the
+// leases held under m's name by any process.
+func (p *presence) bury(ctx context.Context, m, token, why string) bool {
 	c := p.c
 	holder := m + "|" + token
 	freed := 0
@@ -227,7 +257,12 @@ func (p *presence) bury(ctx context.Context, m, token string) bool {
 		if err != nil {
 			continue
 		}
-		if _, held, ok := strings.Cut(v, "|"); ok && held == holder {
+		_, held, ok := strings.Cut(v, "|")
+		if ok && token == "" { // its name lease ran out: its leases by its name
+			held, _, _ = strings.Cut(held, "|")
+			held += "|"
+		}
+		if ok && held == holder {
 			if n, err := releaseScript.Run(ctx, c.rdb, []string{key}, v).Int(); err == nil && n > 0 {
 				freed++
 			}
@@ -236,9 +271,56 @@ func (p *presence) bury(ctx context.Context, m, token string) bool {
 	if err := c.rdb.ZRem(ctx, c.keys.Members(c.cfg.Group), m).Err(); err != nil {
 		return false
 	}
-	_ = releaseScript.Run(ctx, c.rdb, []string{c.keys.Consumer(c.cfg.Group, m)}, token).Err()
-	c.log.Warn("consumer died (its connection to Redis is gone): its partitions move now",
-		slog.String("dead", m), slog.Int("leases_freed", freed))
+	if token != "" {
+		_ = releaseScript.Run(ctx, c.rdb, []string{c.keys.Consumer(c.cfg.Group, m)}, token).Err()
+	}
+	if why == "" {
+		c.log.Warn("consumer died (its connection to Redis is gone): its partitions move now",
+			slog.String("dead", m), slog.Int("leases_freed", freed))
+	} else {
+		c.log.Warn("consumer stalled ("+why+"): its partitions move now; woken, it rejoins",
+			slog.String("stalled", m), slog.Int("leases_freed", freed))
+	}
 	c.cfg.Metrics.takeover()
 	return true
+}
+
+// lookStalled buries the members whose membership score has not moved for
+// stallAfter; it reports whether it buried any.
+func (p *presence) lookStalled(ctx context.Context, members []string, scores map[string]string) bool {
+	if p.beats == nil {
+		p.beats = map[string]beat{}
+	}
+	now := time.Now()
+	buried := false
+	for _, m := range members {
+		if m == p.c.cfg.Consumer {
+			continue
+		}
+		b, ok := p.beats[m]
+		if !ok || b.score != scores[m] {
+			p.beats[m] = beat{score: scores[m], since: now}
+			continue
+		}
+		if now.Sub(b.since) < stallAfter {
+			continue
+		}
+		delete(p.beats, m)
+		// Its name lease may have run out during the stall (it lasts
+		// 3 × Block + 1 s): then its partition leases are known by its name
+		// alone.
+		token, err := p.c.rdb.Get(ctx, p.c.keys.Consumer(p.c.cfg.Group, m)).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			continue
+		}
+		if p.bury(ctx, m, token, "its heartbeat stopped for "+stallAfter.String()+", its connections open") {
+			buried = true
+		}
+	}
+	for m := range p.beats {
+		if !slices.Contains(members, m) {
+			delete(p.beats, m)
+		}
+	}
+	return buried
 }

@@ -24,6 +24,16 @@ const (
 	// not answer within watchTimeout is given up and reconnected.
 	watchEvery   = 250 * time.Millisecond
 	watchTimeout = 2 * time.Second
+	// stallAfter: a live relay whose LISTEN backend has been idle this long
+	// (four watches missed) stalled: a process stopped, paused or swapped
+	// out, or a link gone quiet, its connections left open. The watch of
+	// another relay terminates that backend, and the stalled relay's claims,
+	// slots and "busy" word are taken over as a dead relay's (reap.go); woken,
+	// it reconnects and goes on, its late marks fenced. Twice the watch's
+	// slack would do for a healthy relay; a second keeps the takeover, with a
+	// watch and a publish, under the 2 s an event may wait
+	// (TestStalledRelayIsTakenOverWithinASecond).
+	stallAfter = time.Second
 	// The reconnect backoff grows only while attempts fail in a row: a
 	// connection that was established (LISTENing, registered) resets it,
 	// however short it lasted, so that every incident starts from the first
@@ -164,7 +174,31 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 
 	lastWatch := time.Now()
 	for {
-		wctx, cancel := context.WithTimeout(ctx, max(time.Until(lastWatch.Add(watchEvery)), time.Millisecond))
+		wait := time.Until(lastWatch.Add(watchEvery))
+		if wait <= 0 {
+			// Due whatever the notifications do: a steady stream of them
+			// must not put the watch off, since the other relays take a
+			// LISTEN backend quiet for stallAfter for a stalled relay's.
+			// A socket read alone never notices a half-open connection;
+			// the watch's round trip does.
+			lastWatch = time.Now()
+			var w watchResult
+			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
+			err := queryRowOn(wctx, conn, queries.RelayWatch(stallAfter.Milliseconds())).Scan(&w.dead, &w.silenced, &w.stalled)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("watch: %w", err)
+			}
+			if len(w.stalled) > 0 {
+				r.stalled.Store(&w.stalled)
+			}
+			r.bury(w.what())
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
@@ -180,20 +214,7 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 		case ctx.Err() != nil:
 			return nil
 		case pgconn.Timeout(err) && !conn.IsClosed():
-			// A socket read alone never notices a half-open connection; the
-			// watch's round trip does.
-			lastWatch = time.Now()
-			var w watchResult
-			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
-			err := queryRowOn(wctx, conn, queries.RelayWatch()).Scan(&w.dead, &w.silenced)
-			cancel()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("watch: %w", err)
-			}
-			r.bury(w.what())
+			// the watch is due
 		case err != nil:
 			return fmt.Errorf("wait for notification: %w", err)
 		default:

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tedbank/outbox/internal/queries"
 )
 
@@ -60,9 +62,13 @@ func (r *Relay) expire(ctx context.Context) (int, error) {
 const (
 	watchDead uint32 = 1 << iota
 	watchSilenced
+	watchStalled
 )
 
-type watchResult struct{ dead, silenced bool }
+type watchResult struct {
+	dead, silenced bool
+	stalled        []int32 // the LISTEN backends of relays that stalled
+}
 
 func (w watchResult) what() uint32 {
 	var v uint32
@@ -71,6 +77,9 @@ func (w watchResult) what() uint32 {
 	}
 	if w.silenced {
 		v |= watchSilenced
+	}
+	if len(w.stalled) > 0 {
+		v |= watchStalled
 	}
 	return v
 }
@@ -94,6 +103,9 @@ func (r *Relay) bury(what uint32) {
 // their claims to pending, and, when writers are silent because of one of
 // them, tells writers to notify again on their behalf.
 func (r *Relay) takeOver(ctx context.Context, what uint32) {
+	if what&watchStalled != 0 && r.terminateStalled(ctx) {
+		what |= watchDead
+	}
 	if what&watchDead != 0 {
 		var (
 			dead  []string
@@ -176,4 +188,43 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			r.kick()
 		}
 	}
+}
+
+// terminateStalled terminates the LISTEN backends of the relays the watch
+// found stalled (still stalled now), so that their work is taken over as a
+// dead relay's, and reports whether it terminated any.
+func (r *Relay) terminateStalled(ctx context.Context) bool {
+	p := r.stalled.Swap(nil)
+	if p == nil {
+		return false
+	}
+	st := queries.RelayStalled(*p, stallAfter.Milliseconds())
+	type stalled struct {
+		Relay string
+		PID   int32
+	}
+	var found []stalled
+	sctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	err := r.onFresh(func() error {
+		rows, err := r.pool.Query(sctx, st.SQL, st.Args...)
+		if err != nil {
+			return err
+		}
+		found, err = pgx.CollectRows(rows, pgx.RowToStructByPos[stalled])
+		return err
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("terminating the LISTEN connection of a stalled relay failed; its leases still bound its work",
+				slog.Any("error", err))
+		}
+		return false
+	}
+	for _, s := range found {
+		r.log.Warn("relay stalled: its LISTEN connection was quiet too long, its connections open; terminated, "+
+			"so that its work is taken over (it reconnects when it wakes up)",
+			slog.String("stalled_relay", s.Relay), slog.Int("pid", int(s.PID)), slog.Duration("quiet_for_more_than", stallAfter))
+	}
+	return len(found) > 0
 }

@@ -123,6 +123,9 @@ type Relay struct {
 	// (reap.go); buryWhat says what the watch saw.
 	buryNow  chan struct{}
 	buryWhat atomic.Uint32
+	// stalled: the LISTEN backends of the relays the watch last found
+	// stalled, for the reaper to terminate (reap.go).
+	stalled atomic.Pointer[[]int32]
 	// wakingWriters: a goroutine says "sleep" for a dead relay (reap.go).
 	wakingWriters atomic.Bool
 	// pastPIDs are the pids of this process's earlier LISTEN connections

@@ -18,6 +18,11 @@
 // inbox.after-insert and inbox.before-commit. Error points:
 // relay.after-busy.
 //
+// With OUTBOX_FAILPOINT_ACTION=stop a kill point stops the process instead
+// (SIGSTOP: a VM pause, a long GC, swap, with every connection left open);
+// continued (SIGCONT), it goes on from that point, as a stalled process
+// that wakes up does.
+//
 // Fail points exist only in binaries built with -tags failpoint (the crash
 // tests, the chaos suite and make demo build theirs so). Without the tag,
 // Inject and Error are empty functions: a relay or consumer embedded in a
@@ -26,3 +31,7 @@ package failpoint
 
 // EnvVar is the environment variable that arms a fail point.
 const EnvVar = "OUTBOX_FAILPOINT"
+
+// ActionEnvVar, set to "stop", makes the armed kill point stop the process
+// instead of killing it.
+const ActionEnvVar = "OUTBOX_FAILPOINT_ACTION"

@@ -18,6 +18,9 @@ var (
 	armedName  string
 	armedAfter int64 = 1
 	hits       atomic.Int64
+	// stop: the kill points stop the process (SIGSTOP) instead of killing
+	// it; it goes on from there once continued (SIGCONT).
+	stop = os.Getenv(ActionEnvVar) == "stop"
 )
 
 func init() {
@@ -38,6 +41,10 @@ func Inject(name string) {
 		return
 	}
 	if hits.Add(1) == armedAfter {
+		if stop {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // returns once continued
+			return
+		}
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // never returns; SIGKILL cannot be caught
 	}

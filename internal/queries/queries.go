@@ -71,7 +71,8 @@ var (
 	relayMarkSent            = prepare("relay_mark_sent", "ids")
 	relayServerKeepalive     = prepare("relay_server_keepalive", "idle_s", "interval_s", "count", "user_timeout_ms")
 	relaySleep               = prepare("relay_sleep")
-	relayWatch               = prepare("relay_watch")
+	relayWatch               = prepare("relay_watch", "stall_ms")
+	relayStalled             = prepare("relay_stalled", "pids", "stall_ms")
 	status                   = prepare("status")
 	statusListeningRelays    = prepare("status_listening_relays")
 	statusRelaySlots         = prepare("status_relay_slots")
@@ -200,8 +201,13 @@ func RelayRestamp(pastPIDs []int32) Statement {
 }
 
 // RelayWatch is queries/relay_watch.sql.
-func RelayWatch() Statement {
-	return relayWatch.with()
+func RelayWatch(stallMS int64) Statement {
+	return relayWatch.with(stallMS)
+}
+
+// RelayStalled is queries/relay_stalled.sql.
+func RelayStalled(pids []int32, stallMS int64) Statement {
+	return relayStalled.with(pids, stallMS)
 }
 
 // RelayClaim is queries/relay_claim.sql.
