@@ -19,6 +19,7 @@ import (
 // Defaults for the zero fields of Config.
 const (
 	DefaultBatchSize      = 500
+	DefaultBatchBytes     = 16 << 20
 	DefaultLease          = 30 * time.Second
 	DefaultPollInterval   = 5 * time.Second
 	DefaultPublishTimeout = 5 * time.Second
@@ -86,6 +87,12 @@ type Config struct {
 	Name string
 	// BatchSize is how many rows one claim takes (and one pipeline publishes).
 	BatchSize int
+	// BatchBytes bounds a claim's payload bytes as well: of the rows a
+	// claim finds, it takes the smallest first while the bytes before each
+	// stay under BatchBytes (always at least one row), so that big payloads
+	// bound the relay's memory and each publish by bytes, and do not hold
+	// small events of other keys back. Default DefaultBatchBytes (16 MiB).
+	BatchBytes int64
 	// Ownership is OwnAuto (default), OwnRows or OwnPartitions.
 	Ownership string
 	// Lease is how long a claim is valid. A row still publishing after the
@@ -202,6 +209,7 @@ func (c Config) withDefaults() Config {
 		c.Name = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
 	c.Ownership = cmp.Or(c.Ownership, OwnAuto)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
@@ -260,6 +268,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("ownership %q: must be %q, %q or %q", c.Ownership, OwnAuto, OwnRows, OwnPartitions)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("batch size %d: must be between 1 and %d", c.BatchSize, MaxBatchSize)
+	case c.BatchBytes < 1:
+		return fmt.Errorf("batch bytes %d: must be at least 1", c.BatchBytes)
 	case c.Lease < time.Millisecond:
 		return fmt.Errorf("lease %s: must be at least 1ms", c.Lease)
 	case c.PollInterval < time.Millisecond:

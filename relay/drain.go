@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/tedbank/outbox/internal/retry"
@@ -78,6 +79,9 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 			if err := flush(); err != nil {
 				return published, err
 			}
+			if r.retrySmaller(ctx, res) {
+				continue
+			}
 			r.brokerRefused(ctx, res)
 		case res.Claimed == 0:
 			if w.empty(ctx) {
@@ -107,8 +111,44 @@ func (r *Relay) brokerRefused(ctx context.Context, res BatchResult) {
 	retry.Sleep(ctx, d)
 }
 
+// retrySmaller halves the rows of the next claims after a publish of
+// several rows timed out (a pipeline too big for the broker to take within
+// PublishTimeout, big payloads or a slow link), and reports whether it did:
+// the batch is then tried again, smaller, once its rows are claimable again
+// (releaseDelay), not after a backoff. A single row that times out backs
+// off as a refused batch does. Successful batches double the cap back.
+func (r *Relay) retrySmaller(ctx context.Context, res BatchResult) bool {
+	if res.Released < 2 || !timedOut(res.Err) {
+		return false
+	}
+	r.batchCap = max(1, res.Released/2)
+	r.log.Warn("publish timed out; trying again with smaller batches", slog.Int("rows", res.Released),
+		slog.Int("next_batch", r.batchCap), slog.Duration("publish_timeout", r.cfg.PublishTimeout), slog.Any("error", res.Err))
+	retry.Sleep(ctx, releaseDelay)
+	return true
+}
+
+// timedOut: err says the publish ran out of time.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// batchLimit is how many rows the next claim may take.
+func (r *Relay) batchLimit() int {
+	if r.batchCap > 0 {
+		return min(r.cfg.BatchSize, r.batchCap)
+	}
+	return r.cfg.BatchSize
+}
+
 // brokerTook ends a run of refused batches.
 func (r *Relay) brokerTook() {
+	if r.batchCap > 0 {
+		if r.batchCap *= 2; r.batchCap >= r.cfg.BatchSize {
+			r.batchCap = 0
+		}
+	}
 	if r.brokerFailures > 0 {
 		r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.brokerFailures))
 	}

@@ -147,7 +147,7 @@ func (rowClaims) listening()                         {}
 
 func (o rowClaims) read(token uuid.UUID, _ []int64) queries.Statement {
 	r := o.r
-	return queries.RelayClaim(r.cfg.BatchSize, token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listenPID.Load())
+	return queries.RelayClaim(r.batchLimit(), token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listenPID.Load(), r.cfg.BatchBytes)
 }
 
 func (rowClaims) admit(msgs []message) ([]message, []rowLease) { return msgs, nil }

@@ -129,8 +129,8 @@ func (p *partitionLeases) alone(now time.Time) bool {
 // in seq order, without locking or updating them.
 func (p *partitionLeases) read(_ uuid.UUID, exclude []int64) queries.Statement {
 	r := p.r
-	return queries.RelayRead(r.cfg.BatchSize, p.leases.slots, p.usableSlots(), append([]int64{}, exclude...),
-		r.cfg.RedeliveryWindow().Milliseconds())
+	return queries.RelayRead(r.batchLimit(), p.leases.slots, p.usableSlots(), append([]int64{}, exclude...),
+		r.cfg.RedeliveryWindow().Milliseconds(), r.cfg.BatchBytes)
 }
 
 // admit keeps the first row of each key, each with the lease it was read

@@ -110,6 +110,10 @@ type Relay struct {
 	// dbLost counts drains in a row tried again at once because the server
 	// closed their pooled connection (drainFailed).
 	dbLost int
+	// batchCap, when not 0, caps the rows of a claim below BatchSize: a
+	// publish timed out, and was retried smaller (drain.go). Owned by
+	// drainLoop.
+	batchCap int
 	// brokerFailures counts batches Redis refused as a whole in a row, across
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int

@@ -58,6 +58,17 @@ BEGIN
 END
 $$;
 
+-- FUNCTION outbox_messages_payload_bytes()
+
+CREATE FUNCTION public.outbox_messages_payload_bytes() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.payload_bytes := pg_column_size(NEW.payload);
+    RETURN NEW;
+END
+$$;
+
 -- FUNCTION outbox_notify_mode(text)
 
 CREATE FUNCTION public.outbox_notify_mode(mode text) RETURNS text
@@ -179,6 +190,7 @@ CREATE TABLE public.outbox_messages (
     partition_key text,
     first_sent_at timestamp with time zone,
     claimed_pid integer,
+    payload_bytes integer,
     CONSTRAINT outbox_messages_aggregate_id_set CHECK (((length(aggregate_id) >= 1) AND (length(aggregate_id) <= 200))),
     CONSTRAINT outbox_messages_aggregate_type_set CHECK ((aggregate_type ~ '^[A-Za-z0-9_.-]{1,100}$'::text)),
     CONSTRAINT outbox_messages_attempts_valid CHECK ((attempts >= 0)),
@@ -274,6 +286,11 @@ ALTER TABLE ONLY public.outbox_messages ALTER COLUMN seq SET DEFAULT nextval('pu
 ALTER TABLE public.outbox_messages
     ADD CONSTRAINT outbox_messages_partition_key_set CHECK (((partition_key IS NULL) OR ((length(partition_key) >= 1) AND (length(partition_key) <= 200)))) NOT VALID;
 
+-- CHECK CONSTRAINT outbox_messages outbox_messages_payload_size
+
+ALTER TABLE public.outbox_messages
+    ADD CONSTRAINT outbox_messages_payload_size CHECK ((pg_column_size(payload) <= 16777216)) NOT VALID;
+
 -- CONSTRAINT outbox_messages outbox_messages_pkey
 
 ALTER TABLE ONLY public.outbox_messages
@@ -335,3 +352,7 @@ CREATE TRIGGER outbox_messages_key_settled BEFORE INSERT ON public.outbox_messag
 -- TRIGGER outbox_messages outbox_messages_notify
 
 CREATE TRIGGER outbox_messages_notify BEFORE INSERT ON public.outbox_messages FOR EACH STATEMENT EXECUTE FUNCTION public.outbox_messages_notify_idle();
+
+-- TRIGGER outbox_messages outbox_messages_payload_bytes
+
+CREATE TRIGGER outbox_messages_payload_bytes BEFORE INSERT ON public.outbox_messages FOR EACH ROW WHEN ((pg_column_size(new.payload) > 8192)) EXECUTE FUNCTION public.outbox_messages_payload_bytes();

@@ -19,6 +19,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("relay", &c)
 	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
+	fs.Int64Var(&cfg.BatchBytes, "batch-bytes", relay.DefaultBatchBytes, "bound a batch by payload bytes as well: the smallest events first while the bytes before each stay under this (at least one event)")
 	fs.StringVar(&cfg.Ownership, "ownership", envOr(e.getenv, "OUTBOX_RELAY_OWNERSHIP", relay.OwnAuto),
 		"how relays divide the outbox: rows (claim each row), partitions (lease slots of partition keys; every relay of a database must use the same), or auto: the ownership of the relays running on the database, rows while a row claimer may still run unseen (after a PostgreSQL restart), else partitions (env OUTBOX_RELAY_OWNERSHIP)")
 	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease when the relay leases partitions; expired claims are returned to pending")
@@ -65,8 +66,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 			return usageError{err.Error()}
 		}
 	}
-	if cfg.BatchSize <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.BusyRows <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
-		return usagef("--batch, --lease, --poll, --max-attempts and --busy-rows must be positive, --publish-timeout and --busy-pace not negative")
+	if cfg.BatchSize <= 0 || cfg.BatchBytes <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.BusyRows <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
+		return usagef("--batch, --batch-bytes, --lease, --poll, --max-attempts and --busy-rows must be positive, --publish-timeout and --busy-pace not negative")
 	}
 	if cfg.MinReplicas, err = minReplicas(); err != nil {
 		return err

@@ -47,7 +47,7 @@ var (
 	reconcileEvents          = prepare("reconcile_events", "since")
 	reconcileSenderTransfers = prepare("reconcile_sender_transfers", "senders")
 	relayBusy                = prepare("relay_busy", "pid")
-	relayClaim               = prepare("relay_claim", "batch", "token", "relay", "window_ms", "pid")
+	relayClaim               = prepare("relay_claim", "batch", "token", "relay", "window_ms", "pid", "max_bytes")
 	relayBury                = prepare("relay_bury")
 	relayExpire              = prepare("relay_expire", "window_ms", "batch")
 	relayLeaseAcquire        = prepare("relay_lease_acquire", "relay", "lease_ms", "count", "pid")
@@ -63,7 +63,7 @@ var (
 	relayOwnershipAuto       = prepare("relay_ownership_auto", "lease_ms")
 	relayOwnershipHold       = prepare("relay_ownership_hold", "mode")
 	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
-	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms")
+	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms", "max_bytes")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
 	relayRegister            = prepare("relay_register", "relay", "lease_ms")
 	relayRestamp             = prepare("relay_restamp", "past_pids")
@@ -211,8 +211,8 @@ func RelayStalled(pids []int32, stallMS int64) Statement {
 }
 
 // RelayClaim is queries/relay_claim.sql.
-func RelayClaim(batch int, token uuid.UUID, relay string, windowMS int64, pid uint32) Statement {
-	return relayClaim.with(batch, token, relay, windowMS, int32(pid))
+func RelayClaim(batch int, token uuid.UUID, relay string, windowMS int64, pid uint32, maxBytes int64) Statement {
+	return relayClaim.with(batch, token, relay, windowMS, int32(pid), maxBytes)
 }
 
 // RelayExpire is queries/relay_expire.sql.
@@ -276,8 +276,8 @@ func RelayNotify(channel string, payload string) Statement {
 }
 
 // RelayRead is queries/relay_read.sql.
-func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64, windowMS int64) Statement {
-	return relayRead.with(batch, slots, usableSlots, inFlight, windowMS)
+func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64, windowMS int64, maxBytes int64) Statement {
+	return relayRead.with(batch, slots, usableSlots, inFlight, windowMS, maxBytes)
 }
 
 // RelayReap is queries/relay_reap.sql.

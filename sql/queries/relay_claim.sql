@@ -16,8 +16,16 @@
 -- the reaper marks it dead).
 -- ctid: the picked rows are locked by this statement, so their row versions
 -- cannot change under it; a TID scan finds each again without an index probe.
+-- @max_bytes: of the picked rows, the claim takes the smallest first while
+-- the payload bytes before each stay under it (at least one row, whatever
+-- its size), so that a batch is bounded by bytes as well as rows and small
+-- events are not held behind big ones (a batch holds one event per key, so
+-- its order within the batch does not matter). The rest stay pending; they
+-- were locked only for this statement. A row's size is payload_bytes, set
+-- when a big payload is written (migration 0016), else its stored size
+-- (a small payload's: at most 8 kB raw).
 WITH picked AS MATERIALIZED (
-    SELECT o.ctid AS tid
+    SELECT o.ctid AS tid, o.seq, coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes
       FROM outbox_messages o
      WHERE o.unpublished
        AND o.status = 'pending'
@@ -33,6 +41,10 @@ WITH picked AS MATERIALIZED (
      ORDER BY o.seq
      LIMIT @batch
        FOR UPDATE OF o SKIP LOCKED
+), fits AS (
+    SELECT s.tid
+      FROM (SELECT tid, sum(bytes) OVER (ORDER BY bytes, seq) - bytes AS before FROM picked) s
+     WHERE s.before < @max_bytes::bigint
 )
 UPDATE outbox_messages o
    SET status = 'publishing',
@@ -40,8 +52,8 @@ UPDATE outbox_messages o
        claimed_by = @relay,
        claim_token = @token,
        claimed_pid = nullif(@pid::int, 0)
-  FROM picked
- WHERE o.ctid = picked.tid
+  FROM fits
+ WHERE o.ctid = fits.tid
 RETURNING o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
           o.payload, o.headers, o.attempts, o.created_at,
           coalesce(o.partition_key, o.aggregate_id) AS partition_key

@@ -13,23 +13,36 @@
 -- its next read, so that a failed publish can never be overtaken by a later
 -- event of the same key published in the same pipeline.
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
-SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
-       o.payload, o.headers, o.attempts, o.created_at,
-       coalesce(o.partition_key, o.aggregate_id) AS partition_key
-  FROM outbox_messages o
- WHERE o.unpublished
-   AND o.status = 'pending'
-   AND o.next_attempt_at <= now()
-   AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
-   AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), @slots) = ANY(@usable_slots::int[])
-   AND o.seq NOT IN (SELECT unnest(@in_flight::bigint[]))
-   AND NOT EXISTS (
-       SELECT 1
-         FROM outbox_messages p
-        WHERE p.unpublished
-          AND p.attempts > 0
-          AND p.aggregate_type = o.aggregate_type
-          AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
-          AND p.seq < o.seq)
- ORDER BY o.seq
- LIMIT @batch
+-- @max_bytes: of the first row of each partition key (the relay publishes
+-- no more per read), the smallest first while the payload bytes before each
+-- stay under it (at least one row), as in relay_claim.sql. The payloads
+-- pass through the window functions as stored (TOAST pointers) and are read
+-- for the rows returned only.
+SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, created_at, partition_key
+  FROM (SELECT c.*, sum(c.bytes) OVER (ORDER BY c.bytes, c.seq) - c.bytes AS before
+          FROM (SELECT r.*,
+                       row_number() OVER (PARTITION BY r.aggregate_type, r.partition_key ORDER BY r.seq) AS nth
+                  FROM (SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
+                               o.payload, o.headers, o.attempts, o.created_at,
+                               coalesce(o.partition_key, o.aggregate_id) AS partition_key,
+                               coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes
+                          FROM outbox_messages o
+                         WHERE o.unpublished
+                           AND o.status = 'pending'
+                           AND o.next_attempt_at <= now()
+                           AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
+                           AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), @slots) = ANY(@usable_slots::int[])
+                           AND o.seq NOT IN (SELECT unnest(@in_flight::bigint[]))
+                           AND NOT EXISTS (
+                               SELECT 1
+                                 FROM outbox_messages p
+                                WHERE p.unpublished
+                                  AND p.attempts > 0
+                                  AND p.aggregate_type = o.aggregate_type
+                                  AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
+                                  AND p.seq < o.seq)
+                         ORDER BY o.seq
+                         LIMIT @batch) r) c
+         WHERE c.nth = 1) f
+ WHERE f.before < @max_bytes::bigint
+ ORDER BY f.seq
