@@ -74,6 +74,9 @@ type Options struct {
 	Retention time.Duration
 	// Now is the time the grace period counts back from (zero: time.Now).
 	Now time.Time
+	// ListLost lists every lost event (Report.Lost), not only the first
+	// few: what outbox republish --report takes.
+	ListLost bool
 	// Ledger, when set, is the ledger example's database (package ledger):
 	// every published transfer past the grace period must have exactly its
 	// double entry there (Report.Ledger).
@@ -120,6 +123,9 @@ type Report struct {
 	// NotInStream: published events older than the grace period without a
 	// verdict whose stream entry is gone: anti-fraud will never see them.
 	NotInStream Diff `json:"not_in_stream"`
+	// Lost is every event of NotInStream, with Options.ListLost: the ids
+	// outbox republish --report puts back to pending.
+	Lost []string `json:"lost,omitempty"`
 	// PastRetention: published events whose verdict has expired (or soon
 	// will) with anti-fraud's retention; not looked up.
 	PastRetention int `json:"past_retention"`
@@ -177,7 +183,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		if len(pending) == 0 {
 			return nil
 		}
-		err := checkVerdicts(ctx, rdb, keys, opt.Stream, pending, &rep)
+		err := checkVerdicts(ctx, rdb, keys, opt.Stream, pending, &rep, opt.ListLost)
 		pending = pending[:0]
 		return err
 	}
@@ -275,7 +281,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 
 // checkVerdicts looks up the verdicts of published events' transfers, and
 // for those without one, whether their stream entry is still there.
-func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stream string, rs []row, rep *Report) error {
+func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stream string, rs []row, rep *Report, listLost bool) error {
 	ids := make([]string, len(rs))
 	senders := make([]string, len(rs))
 	for i, r := range rs {
@@ -318,6 +324,9 @@ func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stre
 			rep.NoVerdict.add(*r.EventID)
 		} else {
 			rep.NotInStream.add(*r.EventID)
+			if listLost {
+				rep.Lost = append(rep.Lost, *r.EventID)
+			}
 		}
 	}
 	return nil

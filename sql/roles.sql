@@ -33,6 +33,8 @@ GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_idle TO outbox_relay; -- outbox_re
 
 GRANT outbox_relay TO outbox_admin;
 GRANT DELETE ON outbox_messages TO outbox_admin;
+-- outbox republish (migration 0017): the audit of what it put back.
+GRANT SELECT, INSERT ON outbox_republished TO outbox_admin;
 
 -- Partition leases (migration 0010), for relays with --ownership partitions.
 GRANT SELECT, UPDATE ON outbox_relay_partitions TO outbox_relay;

@@ -253,6 +253,19 @@ CREATE TABLE public.outbox_relay_partitions (
     CONSTRAINT outbox_relay_partitions_slot_check CHECK ((slot >= 0))
 );
 
+-- TABLE outbox_republished
+
+CREATE TABLE public.outbox_republished (
+    event_id uuid NOT NULL,
+    republished_at timestamp with time zone DEFAULT now() NOT NULL,
+    republished_by text NOT NULL,
+    reason text NOT NULL,
+    previous_stream_id text,
+    previous_published_at timestamp with time zone,
+    CONSTRAINT outbox_republished_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT outbox_republished_republished_by_check CHECK (((length(republished_by) >= 1) AND (length(republished_by) <= 200)))
+);
+
 -- TABLE outbox_schema_migrations
 
 CREATE TABLE public.outbox_schema_migrations (
@@ -340,6 +353,10 @@ CREATE INDEX outbox_messages_unpublished ON public.outbox_messages USING btree (
 -- INDEX outbox_messages_unpublished_by_partition
 
 CREATE INDEX outbox_messages_unpublished_by_partition ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE unpublished;
+
+-- INDEX outbox_republished_event
+
+CREATE INDEX outbox_republished_event ON public.outbox_republished USING btree (event_id);
 
 -- INDEX transfers_from_account_settled_at
 

@@ -53,6 +53,7 @@ func commands() []command {
 		{"settle", "settle random TEDs (a load generator)", runSettle},
 		{"status", "show the outbox, the stream and the consumer group at a glance", runStatus},
 		{"dead", "'dead list' shows dead events; 'dead retry <id>... | --all' requeues them", runDead},
+		{"republish", "put published events a broker lost back to pending, audited: by id, or every one a 'reconcile --json --list-lost' report lists", runRepublish},
 		{"cleanup", "delete published rows older than --older-than, in small batches", runCleanup},
 		{"reconcile", "check that every settled TED has its event, published, judged, and in the senders' totals", runReconcile},
 		{"demo", "walk through settled TEDs end to end", runDemo},

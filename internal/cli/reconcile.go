@@ -28,6 +28,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	partitions := partitionsFlag(e, fs, "the partitions of the stream and of anti-fraud's state, as the relays and consumers run them")
 	ledgerURL := ledgerDatabaseFlag(e, fs, "also check the ledger example's database: every published transfer posted exactly once (off when empty)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	listLost := fs.Bool("list-lost", false, "list every lost event (not_in_stream) in the report's \"lost\", not only the first few: what 'outbox republish --report' takes")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -74,7 +75,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	}
 	rep, err := reconcile.Run(ctx, pool, rdb, reconcile.Options{
 		Since: now.Add(-time.Duration(since)), Grace: g, Stream: *stream, KeyPrefix: *keyPrefix, Now: now,
-		Retention: *retention, Partitions: parts, Ledger: ledgerDB,
+		Retention: *retention, Partitions: parts, Ledger: ledgerDB, ListLost: *listLost,
 	})
 	if err != nil {
 		return err
@@ -133,7 +134,7 @@ func printReconcile(w io.Writer, rep reconcile.Report) {
 	line("events without their transfer", rep.Orphan, "an outbox row whose transfer is gone (deleted, or outside --since by a clock skew)")
 	line("events not published", rep.Unpublished, "relays down or failing: outbox status, outbox dead list")
 	line("published, no verdict yet", rep.NoVerdict, "the entry is in the stream: anti-fraud is behind or stuck (outbox status: group lag/pending)")
-	line("published, gone from the stream", rep.NotInStream, "deleted or lost before anti-fraud read it: publish it again (its outbox row back to pending)")
+	line("published, gone from the stream", rep.NotInStream, "deleted or lost before anti-fraud read it: republish them (outbox reconcile --json --list-lost > lost.json; outbox republish --report lost.json --reason ...)")
 	if rep.PastRetention > 0 {
 		fmt.Fprintf(w, "%d published events settled too long ago to still have a verdict (anti-fraud --retention) were not looked up\n", rep.PastRetention)
 	}

@@ -35,6 +35,7 @@ var (
 	adminDeadList            = prepare("admin_dead_list", "max_rows")
 	adminDeadRetry           = prepare("admin_dead_retry", "ids")
 	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
+	adminRepublish           = prepare("admin_republish", "ids", "by", "reason")
 	inboxCleanup             = prepare("inbox_cleanup", "consumer_group", "retention_us", "batch")
 	inboxFence               = prepare("inbox_fence", "consumer_group", "partition", "epoch")
 	inboxInsert              = prepare("inbox_insert", "consumer_group", "event_ids")
@@ -93,6 +94,11 @@ func AdminCleanupCutoff(olderThanUS int64) Statement {
 // AdminDeadList is queries/admin_dead_list.sql.
 func AdminDeadList(maxRows int64) Statement {
 	return adminDeadList.with(maxRows)
+}
+
+// AdminRepublish is queries/admin_republish.sql.
+func AdminRepublish(ids []uuid.UUID, by, reason string) Statement {
+	return adminRepublish.with(ids, by, reason)
 }
 
 // AdminDeadRetry is queries/admin_dead_retry.sql.
