@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -88,9 +89,41 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		{"relay", relayPool, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'y', 'z', '{}')"},
 		{"relay", relayPool, "DELETE FROM outbox_messages"},
 		{"relay", relayPool, "SELECT count(*) FROM transfers"},
+		// Column by column (issue 38): the writer inserts an event's own
+		// columns only, never its delivery state or its place in the order;
+		// the relay changes the delivery columns only, never what was
+		// committed.
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, status, published_at) VALUES ('x', 'y', 'z', '{}', 'published', now())"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, seq) VALUES ('x', 'y', 'z', '{}', 1)"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, attempts) VALUES ('x', 'y', 'z', '{}', 9)"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, first_sent_at) VALUES ('x', 'y', 'z', '{}', now() - interval '1 day')"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, next_attempt_at) VALUES ('x', 'y', 'z', '{}', now() + interval '1 day')"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, created_at) VALUES ('x', 'y', 'z', '{}', now())"},
+		{"writer", writer, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, payload_bytes) VALUES ('x', 'y', 'z', '{}', 1)"},
+		{"relay", relayPool, "UPDATE outbox_messages SET payload = '{\"amount_cents\": 1}'"},
+		{"relay", relayPool, "UPDATE outbox_messages SET partition_key = 'other'"},
+		{"relay", relayPool, "UPDATE outbox_messages SET aggregate_id = 'other'"},
+		{"relay", relayPool, "UPDATE outbox_messages SET event_type = 'other'"},
+		{"relay", relayPool, "UPDATE outbox_messages SET headers = '{}'"},
+		{"relay", relayPool, "UPDATE outbox_messages SET seq = seq + 1000"},
 	} {
 		if _, err := c.pool.Exec(f.Ctx, c.sql); err == nil || !strings.Contains(err.Error(), "permission denied") {
 			t.Errorf("%s ran %q: err %v, want permission denied", c.who, c.sql, err)
 		}
+	}
+	// What they may do, they can: a plain SQL writer's event (keyed by the
+	// trigger of migration 0015 under the writer's rights), and the
+	// operators' requeue and repair as outbox_admin.
+	if _, err := writer.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, headers, partition_key)
+		VALUES ('order', 'o-1', 'order.placed', '{}', '{}', 'c-1'), ('transfer', 't-1', 'transfer.settled', '{"from_account": "a"}', '{}', NULL)`); err != nil {
+		t.Fatalf("a plain SQL writer's insert as outbox_writer: %v", err)
+	}
+	adminPool := f.asRole("outbox_admin")
+	var id uuid.UUID
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT id FROM outbox_messages WHERE status = 'published' LIMIT 1").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := admin.Republish(f.Ctx, adminPool, []uuid.UUID{id}, "ops", "test"); err != nil || len(res.Republished) != 1 {
+		t.Fatalf("republish as outbox_admin: %+v %v", res, err)
 	}
 }

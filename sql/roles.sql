@@ -6,10 +6,14 @@
 --   ALTER ROLE outbox_writer LOGIN PASSWORD '...';   -- or GRANT ... TO your roles
 --
 -- outbox_writer: the business service. Inserts transfers and outbox rows
---   (and reads transfers back, to recognise a retried settlement). It cannot
---   change or delete an outbox row once written.
--- outbox_relay:  the relay. Reads and updates outbox rows; cannot insert,
---   delete, or touch transfers.
+--   (and reads transfers back, to recognise a retried settlement). Of an
+--   outbox row it writes only the event's own columns (id, aggregate,
+--   event type, payload, headers, partition key), never its delivery state
+--   (status, attempts, stamps) or its place in the order (seq); it cannot
+--   change or delete a row once written.
+-- outbox_relay:  the relay. Reads outbox rows and updates only their
+--   delivery columns, never what was committed (payload, keys, seq); cannot
+--   insert, delete, or touch transfers.
 -- outbox_admin:  operators' commands (dead retry, cleanup): the relay's
 --   rights plus DELETE.
 DO $$
@@ -23,12 +27,20 @@ $$;
 GRANT USAGE ON SCHEMA public TO outbox_writer, outbox_relay, outbox_admin;
 
 GRANT SELECT, INSERT ON transfers TO outbox_writer;
-GRANT INSERT ON outbox_messages TO outbox_writer;
+-- Column by column (issue 38). Revoked first: a database set up by an
+-- earlier version of this file granted the whole rows.
+REVOKE INSERT ON outbox_messages FROM outbox_writer;
+GRANT INSERT (id, aggregate_type, aggregate_id, event_type, payload, headers, partition_key)
+    ON outbox_messages TO outbox_writer;
 GRANT SELECT (id, seq) ON outbox_messages TO outbox_writer; -- INSERT ... RETURNING id, seq
 GRANT USAGE ON SEQUENCE outbox_messages_seq TO outbox_writer;
 GRANT SELECT ON SEQUENCE outbox_relay_idle TO outbox_writer;   -- the notify trigger reads the idle flag
 
-GRANT SELECT, UPDATE ON outbox_messages TO outbox_relay;
+REVOKE UPDATE ON outbox_messages FROM outbox_relay;
+GRANT SELECT ON outbox_messages TO outbox_relay;
+GRANT UPDATE (status, attempts, claimed_at, claimed_by, claim_token, claimed_pid, next_attempt_at,
+              published_at, stream_id, last_error, first_sent_at)
+    ON outbox_messages TO outbox_relay;
 GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_idle TO outbox_relay; -- outbox_relay_busy/sleep set the flag
 
 GRANT outbox_relay TO outbox_admin;
