@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -214,4 +216,36 @@ func TestDocsUseExistingMetrics(t *testing.T) {
 			t.Errorf("%s: only %d metric references found", doc, found)
 		}
 	}
+}
+
+// A long transaction holding the xmin horizon (a report in REPEATABLE READ,
+// a session idle in transaction after a write) keeps every dead index entry
+// of the outbox alive, and a backlog drains slower behind it (issue 38): the
+// age of the oldest such transaction is exported, for OutboxHorizonHeld.
+func TestOldestTransactionAgeIsExported(t *testing.T) {
+	f := newFixture(t)
+	reg := metrics.NewRegistry()
+	reg.MustRegister(relay.NewOutboxCollector(f.Pool))
+	srv := httptest.NewServer(metrics.Handler(reg, func(context.Context) error { return nil }))
+	defer srv.Close()
+	if got := scrape(t, srv.URL, "outbox_oldest_transaction_age_seconds"); got < 0 || got > 5 {
+		t.Fatalf("oldest transaction %vs (-1: not exported) with none open but the scrape's", got)
+	}
+	long, err := f.Pool.BeginTx(f.Ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Rollback(f.Ctx) //nolint:errcheck // the test's end
+	if _, err := long.Exec(f.Ctx, "SELECT count(*) FROM outbox_messages"); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, srv.URL, "outbox_oldest_transaction_age_seconds") >= 1
+	}, "the open transaction's age was not exported")
+	if err := long.Rollback(f.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, srv.URL, "outbox_oldest_transaction_age_seconds") < 1
+	}, "the age stayed up after the transaction ended")
 }

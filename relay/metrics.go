@@ -173,6 +173,7 @@ type OutboxCollector struct {
 	rows   *prometheus.Desc
 	oldest *prometheus.Desc
 	retry  *prometheus.Desc
+	xact   *prometheus.Desc
 	up     *prometheus.Desc
 }
 
@@ -187,6 +188,9 @@ func NewOutboxCollector(pool *pgxpool.Pool) *OutboxCollector {
 			"Age of the oldest pending outbox row, 0 when none.", nil, nil),
 		retry: prometheus.NewDesc("outbox_messages_retrying",
 			"Unpublished outbox rows that failed at least once and wait for a retry.", nil, nil),
+		xact: prometheus.NewDesc("outbox_oldest_transaction_age_seconds",
+			"Age of the database's oldest client transaction holding back the xmin horizon (a snapshot or a transaction id), 0 when none: "+
+				"while it is open the outbox's dead index entries stay and a backlog drains slower.", nil, nil),
 		up: prometheus.NewDesc("outbox_database_up", "1 if the last scrape could read the outbox.", nil, nil),
 	}
 }
@@ -196,6 +200,7 @@ func (c *OutboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.rows
 	ch <- c.oldest
 	ch <- c.retry
+	ch <- c.xact
 	ch <- c.up
 }
 
@@ -204,8 +209,8 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var pending, publishing, dead, retrying int64
-	var oldest float64
-	err := c.pool.QueryRow(ctx, c.query.SQL, c.query.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	var oldest, xact float64
+	err := c.pool.QueryRow(ctx, c.query.SQL, c.query.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying, &xact)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
@@ -216,6 +221,7 @@ func (c *OutboxCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.rows, prometheus.GaugeValue, float64(dead), "dead")
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest)
 	ch <- prometheus.MustNewConstMetric(c.retry, prometheus.GaugeValue, float64(retrying))
+	ch <- prometheus.MustNewConstMetric(c.xact, prometheus.GaugeValue, xact)
 }
 
 func (m *Metrics) slots(n int) {

@@ -237,10 +237,10 @@ func (s *space) close() {
 // metrics' query, which the schema keeps cheap (a partial index).
 func (s *space) backlog(ctx context.Context) (int64, error) {
 	var pending, publishing, dead int64
-	var oldest float64
+	var oldest, xact float64
 	var retrying int
 	q := queries.MetricsOutbox()
-	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying)
+	err := s.pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &dead, &oldest, &retrying, &xact)
 	return pending + publishing, err
 }
 
