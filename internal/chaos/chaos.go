@@ -93,6 +93,11 @@ const (
 	RedisKill       = "redis-kill"
 	RedisOOM        = "redis-oom"
 	BusyError       = "busy-error"
+	// Issue 38: a relay or consumer stopped (SIGSTOP) with its connections
+	// open, then continued; a relay's and consumers' PostgreSQL sessions
+	// terminated again and again.
+	Stall  = "stall"
+	PGFlap = "pg-flap"
 	// On a Redis Cluster (cluster.go).
 	MasterKill    = "master-kill"
 	MasterStop    = "master-stop"
@@ -107,11 +112,11 @@ const (
 // Kinds lists every kind of fault on a single Redis; ClusterKinds on a
 // Redis Cluster.
 var (
-	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError}
-	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave}
+	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError, Stall, PGFlap}
+	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave, Stall, PGFlap}
 	// NATSKinds on NATS JetStream: the relays never touch Redis (no busy
 	// error, no OOM for them), the consumers keep their effects there.
-	NATSKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, NATSKill, NATSRestart}
+	NATSKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, NATSKill, NATSRestart, Stall, PGFlap}
 )
 
 // RollingDeploy is not a fault: every relay in turn is stopped with SIGTERM

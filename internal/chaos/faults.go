@@ -25,8 +25,10 @@ var (
 		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
 		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1, BusyError: 2,
 		RollingDeploy: 1, MasterKill: 2, MasterStop: 1, Reshard: 1, ConsumerJoin: 1, ConsumerLeave: 1,
-		NATSKill: 2, NATSRestart: 1,
+		NATSKill: 2, NATSRestart: 1, Stall: 2, PGFlap: 1,
 	}
+	// stallTargets: a stall stops one relay or one anti-fraud consumer.
+	stallTargets = []string{"relay", "fraud"}
 	natsBlackholeTargets = []string{"pg", "nats", "redis"}
 )
 
@@ -45,7 +47,7 @@ func (r *run) mandatory() []planned {
 	}
 	rest = []planned{
 		{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""},
-		{Blackhole, "pg"}, {Blackhole, "redis"}, {RedisKill, ""}, {RedisOOM, ""},
+		{Blackhole, "pg"}, {Blackhole, "redis"}, {RedisKill, ""}, {RedisOOM, ""}, {PGFlap, ""},
 	}
 	// On a cluster its own faults come first, while the load runs.
 	var first []planned
@@ -59,9 +61,10 @@ func (r *run) mandatory() []planned {
 		}
 		// The measured failovers too: the load ends before the traffic
 		// faults come on a cluster.
-		first = append(first, planned{KillRelay, killOne}, planned{KillConsumer, killOne})
+		first = append(first, planned{KillRelay, killOne}, planned{KillConsumer, killOne},
+			planned{Stall, "relay"}, planned{Stall, "fraud"})
 		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
-		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}}
+		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}, {PGFlap, ""}}
 	}
 	if r.cfg.NATS {
 		// The broker's own faults first, while the load runs; Redis's only
@@ -73,6 +76,7 @@ func (r *run) mandatory() []planned {
 		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 		rest = []planned{
 			{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {RedisClientKill, ""}, {Blackhole, "pg"}, {RedisKill, ""},
+			{PGFlap, ""},
 		}
 		if !r.cfg.Short {
 			rest = append(rest, planned{Blackhole, "redis"})
@@ -94,17 +98,20 @@ func (r *run) mandatory() []planned {
 	// fail points (which need some traffic too).
 	// So do the measured failovers (failover.go): one relay and one
 	// anti-fraud consumer killed while the others run.
+	// So do the stalls: a stopped relay or consumer holds work only while
+	// events flow.
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""},
-		{KillRelay, killOne}, {KillConsumer, killOne}}
+		{KillRelay, killOne}, {KillConsumer, killOne}, {Stall, "relay"}, {Stall, "fraud"}}
 	if r.cfg.NATS { // the busy error is Redis's, which the relays do not use
-		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}, {KillRelay, killOne}, {KillConsumer, killOne}}
+		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}, {KillRelay, killOne}, {KillConsumer, killOne},
+			{Stall, "relay"}, {Stall, "fraud"}}
 	}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
 	switch {
 	case r.cfg.Cluster:
 		// The fail points right after the cluster's faults, while the
 		// load still runs (on a single Redis the load outlasts them all).
-		traffic = slices.DeleteFunc(traffic, func(f planned) bool { return f.variant == killOne })
+		traffic = slices.DeleteFunc(traffic, func(f planned) bool { return f.variant == killOne || f.kind == Stall })
 		return slices.Concat(first, fps, traffic, rest)
 	case r.cfg.NATS:
 		return slices.Concat(first, traffic, fps, rest)
@@ -143,6 +150,8 @@ func (r *run) random() planned {
 		return planned{kind, masterKillModes[r.rng.IntN(len(masterKillModes))]}
 	case PGRestart:
 		return planned{kind, pgStopModes[r.rng.IntN(len(pgStopModes))]}
+	case Stall:
+		return planned{kind, stallTargets[r.rng.IntN(len(stallTargets))]}
 	}
 	return planned{kind: kind}
 }
@@ -250,6 +259,36 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		rec.Detail, rec.Note = r.failpoint(f.variant)
 	case BusyError:
 		rec.Detail, rec.Note = r.busyError()
+	case Stall:
+		group := r.relays
+		if f.variant == "fraud" {
+			group = r.consumers
+		}
+		p := group[r.rng.IntN(len(group))]
+		d := r.between(3*time.Second, 6*time.Second)
+		rec.Group, rec.Survivors = f.variant, len(group)-1
+		rec.Detail = p.name
+		if p.stop() {
+			time.Sleep(d)
+			p.cont()
+			rec.Note = fmt.Sprintf("SIGSTOP for %s, its connections open, then SIGCONT", d)
+		} else {
+			rec.Note = "not running: nothing to stop"
+		}
+	case PGFlap:
+		total := 0
+		for i := range 4 {
+			if i > 0 {
+				time.Sleep(time.Second)
+			}
+			n, err := r.pgTerminate(ctx)
+			if err != nil {
+				r.problem("pg-flap: %v", err)
+				break
+			}
+			total += n
+		}
+		rec.Note = fmt.Sprintf("pg_terminate_backend on the outbox sessions 4 times, 1 s apart: %d sessions", total)
 	case PGTerminate:
 		n, err := r.pgTerminate(ctx)
 		rec.Note = fmt.Sprintf("pg_terminate_backend on %d outbox sessions", n)

@@ -201,6 +201,25 @@ func (p *proc) kill() {
 	}
 }
 
+// stop stops the current incarnation (SIGSTOP: its connections stay open)
+// and reports whether there was one to stop; cont continues it.
+func (p *proc) stop() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.aliveLocked() {
+		return false
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, syscall.SIGSTOP) == nil
+}
+
+func (p *proc) cont() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT)
+	}
+}
+
 // terminate sends SIGTERM to the current incarnation and waits for it to
 // exit; if it is still running after termGrace it is killed and reported.
 // It returns the time the process took to exit.
