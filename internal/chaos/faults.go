@@ -28,7 +28,7 @@ var (
 		NATSKill: 2, NATSRestart: 1, Stall: 2, PGFlap: 1,
 	}
 	// stallTargets: a stall stops one relay or one anti-fraud consumer.
-	stallTargets = []string{"relay", "fraud"}
+	stallTargets         = []string{"relay", "fraud"}
 	natsBlackholeTargets = []string{"pg", "nats", "redis"}
 )
 
