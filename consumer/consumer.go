@@ -343,9 +343,8 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 // from is not refused (the first read says why, if it is down).
 func (c *Consumer) checkEviction(ctx context.Context) error {
 	nodes, err := redischeck.Inspect(ctx, c.rdb)
-	if err != nil {
-		c.log.Warn("could not read the Redis eviction policy", slog.Any("error", err))
-		return nil
+	if err != nil { // refused on what it could read, below
+		c.log.Warn("could not read the Redis eviction policy of every node", slog.Any("error", err))
 	}
 	if addrs := redischeck.NoAOF(nodes); len(addrs) > 0 && c.src == nil {
 		c.log.Warn("Redis runs without appendonly: a Redis restart loses the stream's entries and the group's "+

@@ -99,11 +99,21 @@ func (c *Consumer) own(ctx context.Context) error {
 			}
 		}
 	}
+	// The heartbeat runs until the workers have finished their batches
+	// (a consumer stopping is not a stalled one: the others must not take
+	// its partitions from under a batch), and stops before the membership
+	// is left, so that it does not write the membership back. Its context
+	// is not ctx's: a shutdown cancels ctx first.
+	hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	var heartbeat sync.WaitGroup
+	heartbeat.Go(func() { c.heartbeat(hctx) })
 	nameTaken := false
 	defer func() {
 		for p := range workers {
 			stop(p, true)
 		}
+		stopHeartbeat()
+		heartbeat.Wait()
 		if nameTaken {
 			return // the membership under this name is the other process's now
 		}
@@ -115,15 +125,6 @@ func (c *Consumer) own(ctx context.Context) error {
 		if err := c.rdb.ZRem(rctx, c.keys.Members(c.cfg.Group), c.cfg.Consumer).Err(); err != nil {
 			c.log.Warn("leaving the group's members failed; the others rebalance when the membership runs out", slog.Any("error", err))
 		}
-	}()
-	// The heartbeat stops before the membership is left (defers run in
-	// reverse), so that it does not write the membership back.
-	hctx, stopHeartbeat := context.WithCancel(ctx)
-	var heartbeat sync.WaitGroup
-	heartbeat.Go(func() { c.heartbeat(hctx) })
-	defer func() {
-		stopHeartbeat()
-		heartbeat.Wait()
 	}()
 
 	// A full pass (name, membership, leases) every renewEvery, and at once

@@ -158,3 +158,37 @@ type queuingPipe struct {
 }
 
 func (p *queuingPipe) XAdd(_ context.Context, a *redis.XAddArgs) *redis.StringCmd { return p.add(a) }
+
+// The oldest publishable event goes in the next batch whatever its size:
+// smaller events that fill the byte budget by themselves (a steady flow of
+// them) never keep a big one, and the later events of its key, waiting.
+func TestOldestEventIsNeverLeftBehindSmallerOnes(t *testing.T) {
+	f := newFixture(t)
+	f.Exec(`INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
+		VALUES ('blob', 'big', 'blob.stored', jsonb_build_object('data', repeat('x', 1 << 20)))`)
+	f.Exec(`INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
+		SELECT 'blob', 'small-' || g, 'blob.stored', jsonb_build_object('data', repeat('y', 10000))
+		  FROM generate_series(1, 50) g`)
+	var bigID uuid.UUID
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT id FROM outbox_messages WHERE aggregate_id = 'big'").Scan(&bigID); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan []uuid.UUID, 1)
+	cfg := f.RelayConfig("r1")
+	cfg.BatchBytes = 100_000 // ten of the small ones fill it
+	cfg.Observer = relay.Hooks{OnClaim: func(ids []uuid.UUID) {
+		select {
+		case first <- slices.Clone(ids):
+		default:
+		}
+	}}
+	f.Run(f.NewRelay(cfg, nil).Run)
+	select {
+	case ids := <-first:
+		if !slices.Contains(ids, bigID) {
+			t.Fatalf("the first batch (%d events) left the oldest event, a big one, behind the smaller ones", len(ids))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch claimed")
+	}
+}

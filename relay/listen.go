@@ -180,12 +180,14 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 			// must not put the watch off, since the other relays take a
 			// LISTEN backend quiet for stallAfter for a stalled relay's.
 			// A socket read alone never notices a half-open connection;
-			// the watch's round trip does.
-			lastWatch = time.Now()
+			// the watch's round trip does. The next one is due watchEvery
+			// after this one ends, so that a slow server's watches never
+			// run back to back with no wait for notifications in between.
 			var w watchResult
 			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
 			err := queryRowOn(wctx, conn, queries.RelayWatch(stallAfter.Milliseconds())).Scan(&w.dead, &w.silenced, &w.stalled)
 			cancel()
+			lastWatch = time.Now()
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil

@@ -18,10 +18,7 @@ import (
 // Redis does not answer. Run refuses an evicting Redis by itself
 // (ErrEvictingRedis) and logs the other warnings.
 func CheckRedisDurability(ctx context.Context, rdb redis.Cmdable) []string {
-	nodes, err := redischeck.Inspect(ctx, rdb)
-	if err != nil {
-		return nil
-	}
+	nodes, _ := redischeck.Inspect(ctx, rdb)
 	return durabilityWarnings(nodes)
 }
 

@@ -351,9 +351,8 @@ func (r *Relay) checkEviction(ctx context.Context) error {
 		return nil
 	}
 	nodes, err := redischeck.Inspect(ctx, r.rdb)
-	if err != nil {
-		r.log.Warn("could not read the Redis eviction policy", slog.Any("error", err))
-		return nil
+	if err != nil { // refused on what it could read, below
+		r.log.Warn("could not read the Redis eviction policy of every node", slog.Any("error", err))
 	}
 	for _, w := range durabilityWarnings(nodes) {
 		if !strings.Contains(w, "maxmemory-policy") { // refused, or allowed, below

@@ -302,7 +302,7 @@ ALTER TABLE public.outbox_messages
 -- CHECK CONSTRAINT outbox_messages outbox_messages_payload_size
 
 ALTER TABLE public.outbox_messages
-    ADD CONSTRAINT outbox_messages_payload_size CHECK ((pg_column_size(payload) <= 16777216)) NOT VALID;
+    ADD CONSTRAINT outbox_messages_payload_size CHECK (((payload_bytes IS NULL) OR (payload_bytes <= 16777216))) NOT VALID;
 
 -- CONSTRAINT outbox_messages outbox_messages_pkey
 

@@ -75,7 +75,11 @@ func (r *run) settleLoop(ctx context.Context) {
 		fmt.Fprintf(log, "=== chaos: settle run #%d for %d TEDs at %g/s (%d committed) at %s\n", r.settleRuns, count, ph.rate, committed, stamp(time.Now()))
 		cmd := exec.CommandContext(runCtx, r.cfg.Binary, "settle", "--database-url", r.dbURL,
 			"--count", strconv.Itoa(count), "--rate", strconv.FormatFloat(ph.rate, 'f', -1, 64),
-			"--concurrency", strconv.Itoa(r.cfg.Concurrency), "--json")
+			"--concurrency", strconv.Itoa(r.cfg.Concurrency), "--json",
+			// A fifth of the TEDs as a plain SQL writer writes them (no
+			// partition_key, no writer lock: migration 0015 keys and orders
+			// them), among the others of the same senders.
+			"--plain-sql", "0.2")
 		cmd.Env = cleanEnv()
 		cmd.Stdout, cmd.Stderr = log, log
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

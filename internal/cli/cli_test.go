@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -289,5 +290,34 @@ func TestSettleProgressLine(t *testing.T) {
 	}
 	if isTerminal(&bytes.Buffer{}) {
 		t.Error("a buffer is not a terminal")
+	}
+}
+
+// settle --plain-sql writes its share of the TEDs as a plain SQL writer
+// would (no partition_key): migration 0015 keys each by its sender, and the
+// payload is a valid transfer.settled whose event_id is the row's id.
+func TestSettlePlainSQL(t *testing.T) {
+	url := outboxtest.PostgresURL(t)
+	env := map[string]string{"DATABASE_URL": url}
+	if code, _, stderr := run(t, env, "settle", "--count", "20", "--plain-sql", "1", "--accounts", "5"); code != exitOK {
+		t.Fatalf("settle --plain-sql 1: exit %d %s", code, stderr)
+	}
+	if code, _, stderr := run(t, env, "settle", "--count", "1", "--plain-sql", "1.5"); code != exitUsage || !strings.Contains(stderr, "--plain-sql") {
+		t.Fatalf("settle --plain-sql 1.5: exit %d %s, want a usage error", code, stderr)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n, keyed, valid int
+	if err := conn.QueryRow(context.Background(), `SELECT count(*),
+			count(*) FILTER (WHERE partition_key = payload->>'from_account'),
+			count(*) FILTER (WHERE payload->>'event_id' = id::text AND payload->>'transfer_id' = aggregate_id)
+		FROM outbox_messages`).Scan(&n, &keyed, &valid); err != nil {
+		t.Fatal(err)
+	}
+	if n != 20 || keyed != 20 || valid != 20 {
+		t.Fatalf("%d events, %d keyed by their sender, %d with their own ids in the payload; want 20 each", n, keyed, valid)
 	}
 }

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/connect"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -42,6 +44,7 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	rate := fs.Float64("rate", 0, "at most this many TEDs per second (0 = as fast as possible)")
 	maxAmount := fs.Int64("max-amount", 1_000_000, "largest amount in cents (amounts are uniform in 1..max)")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	plainSQL := fs.Float64("plain-sql", 0, "this share of the TEDs (0 to 1) is written with plain SQL, as a service without this project's packages would: no partition_key, no writer lock (migration 0015 keys and orders them)")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -58,6 +61,8 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 		return usagef("--rate must not be negative")
 	case *maxAmount <= 0:
 		return usagef("--max-amount must be positive")
+	case *plainSQL < 0 || *plainSQL > 1:
+		return usagef("--plain-sql %g: a share from 0 to 1", *plainSQL)
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
@@ -139,7 +144,12 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 			var mine []time.Duration
 			for t := range jobs {
 				t0 := time.Now()
-				_, err := transfer.Settle(ctx, pool, t)
+				var err error
+				if *plainSQL > 0 && rand.Float64() < *plainSQL {
+					err = settlePlain(ctx, pool, t)
+				} else {
+					_, err = transfer.Settle(ctx, pool, t)
+				}
 				if err != nil {
 					failed.Add(1)
 					mu.Lock()
@@ -203,4 +213,18 @@ func progressLine(done, total int64, elapsed time.Duration) string {
 		line += ", ETA " + eta.String()
 	}
 	return line
+}
+
+// settlePlain settles t with plain SQL (queries/settle_plain.sql), as a
+// writer without this project's packages would.
+func settlePlain(ctx context.Context, pool *pgxpool.Pool, t transfer.Transfer) error {
+	eventID, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	q := queries.SettlePlain(t.ID, t.FromAccount, t.ToAccount, t.AmountCents, eventID)
+	if _, err := pool.Exec(ctx, q.SQL, q.Args...); err != nil {
+		return fmt.Errorf("settle %s with plain SQL: %w", t.ID, err)
+	}
+	return nil
 }

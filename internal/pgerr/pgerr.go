@@ -2,10 +2,12 @@
 package pgerr
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,7 +28,15 @@ func ConnLost(err error) bool {
 		return false
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+		switch {
+		case strings.HasPrefix(pgErr.Code, "28"), strings.HasPrefix(pgErr.Code, "53"), pgErr.Code == "57P03", pgErr.Code == "3D000":
+			// Refused at connect (authentication, too many connections,
+			// the server starting, no such database): a fresh connection
+			// meets the same.
+			return false
+		}
+		severity := cmp.Or(pgErr.SeverityUnlocalized, pgErr.Severity) // Severity follows lc_messages
+		return severity == "FATAL" || severity == "PANIC"
 	}
 	return pgconn.SafeToRetry(err) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||

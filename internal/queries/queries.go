@@ -77,6 +77,7 @@ var (
 	status                   = prepare("status")
 	statusListeningRelays    = prepare("status_listening_relays")
 	statusRelaySlots         = prepare("status_relay_slots")
+	settlePlain              = prepare("settle_plain", "id", "from_account", "to_account", "amount_cents", "event_id")
 	transferGet              = prepare("transfer_get", "id")
 	transferInsert           = prepare("transfer_insert", "id", "from_account", "to_account", "amount_cents", "currency")
 )
@@ -393,4 +394,9 @@ func (q query) with(values ...any) Statement {
 		args[i] = values[j]
 	}
 	return Statement{SQL: q.sql, Args: args}
+}
+
+// SettlePlain is queries/settle_plain.sql.
+func SettlePlain(id uuid.UUID, from, to string, amountCents int64, eventID uuid.UUID) Statement {
+	return settlePlain.with(id, from, to, amountCents, eventID)
 }

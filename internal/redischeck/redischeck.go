@@ -31,8 +31,10 @@ type Node struct {
 func (n Node) Evicting() bool { return n.Policy != "" && n.Policy != "noeviction" }
 
 // Inspect reads INFO memory and persistence from rdb's server, or from
-// every node of a Redis Cluster. A client it cannot inspect (not a go-redis
-// client) yields no node and no error.
+// every node of a Redis Cluster. It returns the nodes it could read, and an
+// error naming those it could not (or a client it cannot inspect: neither
+// *redis.Client nor *redis.ClusterClient); a caller refuses on what it read
+// and warns about the rest.
 func Inspect(ctx context.Context, rdb any) ([]Node, error) {
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
@@ -46,23 +48,26 @@ func Inspect(ctx context.Context, rdb any) ([]Node, error) {
 	case interface{ Unwrap() *redis.Client }: // a test's wrapper of a client
 		return Inspect(ctx, c.Unwrap())
 	}
-	return nil, nil
+	return nil, fmt.Errorf("cannot read INFO through a %T", rdb)
 }
 
+// inspect reads one node, a section at a time (Redis before 7 takes one).
 func inspect(ctx context.Context, c *redis.Client) (Node, error) {
-	info, err := c.Info(ctx, "memory", "persistence").Result()
-	if err != nil {
-		return Node{}, fmt.Errorf("INFO on %s: %w", c.Options().Addr, err)
-	}
 	n := Node{Addr: c.Options().Addr}
-	for line := range strings.SplitSeq(info, "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		switch {
-		case !ok:
-		case k == "maxmemory_policy":
-			n.Policy = v
-		case k == "aof_enabled":
-			n.AOF = v == "1"
+	for _, section := range []string{"memory", "persistence"} {
+		info, err := c.Info(ctx, section).Result()
+		if err != nil {
+			return n, fmt.Errorf("INFO %s on %s: %w", section, n.Addr, err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			switch {
+			case !ok:
+			case k == "maxmemory_policy":
+				n.Policy = v
+			case k == "aof_enabled":
+				n.AOF = v == "1"
+			}
 		}
 	}
 	return n, nil
@@ -108,7 +113,10 @@ func inspectCluster(ctx context.Context, c *redis.ClusterClient) ([]Node, error)
 		return nil, fmt.Errorf("CLUSTER NODES: %w", err)
 	}
 	o := c.Options()
-	var nodes []Node
+	var (
+		nodes []Node
+		errs  []error
+	)
 	for line := range strings.SplitSeq(strings.TrimSpace(list), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 3 || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") || strings.Contains(f[2], "handshake") {
@@ -123,9 +131,10 @@ func inspectCluster(ctx context.Context, c *redis.ClusterClient) ([]Node, error)
 		node, err := inspect(ctx, n)
 		_ = n.Close()
 		if err != nil {
-			return nil, err
+			errs = append(errs, err) // a node announced at an address this client cannot reach (NAT)
+			continue
 		}
 		nodes = append(nodes, node)
 	}
-	return nodes, nil
+	return nodes, errors.Join(errs...)
 }

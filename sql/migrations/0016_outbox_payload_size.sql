@@ -12,10 +12,14 @@
 -- other row, and on the rows written before this migration.
 --
 -- A payload over 16 MiB (raw, as written) is refused where it is written:
--- outbox_messages_payload_size, NOT VALID (rows already written are not
--- checked; validating would read the whole table). A Redis stream entry of
--- that size is already at the edge of what a consumer should read in a
--- batch; carry a reference to the data instead.
+-- outbox_messages_payload_size checks payload_bytes, which the trigger sets
+-- before the check runs. It is on payload_bytes, not on the payload itself,
+-- so that the rows written before this migration (payload_bytes NULL) pass
+-- every later UPDATE of the relays whatever their size: a check on the
+-- payload would refuse the claim of an old big row, and with it the whole
+-- batch. NOT VALID: validating would read the whole table. A Redis stream
+-- entry of that size is already at the edge of what a consumer should read
+-- in a batch; carry a reference to the data instead.
 --
 -- Adding a nullable column and a NOT VALID constraint is instant; like 0014
 -- and 0015 the migration gives up after 5 s behind a long transaction on the
@@ -25,7 +29,7 @@ SET LOCAL lock_timeout = '5s';
 ALTER TABLE outbox_messages ADD COLUMN payload_bytes integer;
 
 ALTER TABLE outbox_messages ADD CONSTRAINT outbox_messages_payload_size
-    CHECK (pg_column_size(payload) <= 16777216) NOT VALID;
+    CHECK (payload_bytes IS NULL OR payload_bytes <= 16777216) NOT VALID;
 
 CREATE FUNCTION outbox_messages_payload_bytes() RETURNS trigger
     LANGUAGE plpgsql

@@ -20,7 +20,9 @@
 -- the payload bytes before each stay under it (at least one row, whatever
 -- its size), so that a batch is bounded by bytes as well as rows and small
 -- events are not held behind big ones (a batch holds one event per key, so
--- its order within the batch does not matter). The rest stay pending; they
+-- its order within the batch does not matter), and the oldest picked row
+-- too, whatever its size, so that a steady flow of smaller rows can never
+-- keep a big one (and the rest of its key) waiting. The rest stay pending; they
 -- were locked only for this statement. A row's size is payload_bytes, set
 -- when a big payload is written (migration 0016), else its stored size
 -- (a small payload's: at most 8 kB raw).
@@ -43,8 +45,9 @@ WITH picked AS MATERIALIZED (
        FOR UPDATE OF o SKIP LOCKED
 ), fits AS (
     SELECT s.tid
-      FROM (SELECT tid, sum(bytes) OVER (ORDER BY bytes, seq) - bytes AS before FROM picked) s
+      FROM (SELECT tid, seq, sum(bytes) OVER (ORDER BY bytes, seq) - bytes AS before FROM picked) s
      WHERE s.before < @max_bytes::bigint
+        OR s.seq = (SELECT min(seq) FROM picked)
 )
 UPDATE outbox_messages o
    SET status = 'publishing',

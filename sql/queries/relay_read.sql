@@ -15,11 +15,12 @@
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 -- @max_bytes: of the first row of each partition key (the relay publishes
 -- no more per read), the smallest first while the payload bytes before each
--- stay under it (at least one row), as in relay_claim.sql. The payloads
+-- stay under it, and the oldest of them whatever its size, as in
+-- relay_claim.sql. The payloads
 -- pass through the window functions as stored (TOAST pointers) and are read
 -- for the rows returned only.
 SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, attempts, created_at, partition_key
-  FROM (SELECT c.*, sum(c.bytes) OVER (ORDER BY c.bytes, c.seq) - c.bytes AS before
+  FROM (SELECT c.*, sum(c.bytes) OVER (ORDER BY c.bytes, c.seq) - c.bytes AS before, min(c.seq) OVER () AS oldest
           FROM (SELECT r.*,
                        row_number() OVER (PARTITION BY r.aggregate_type, r.partition_key ORDER BY r.seq) AS nth
                   FROM (SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
@@ -45,4 +46,5 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                          LIMIT @batch) r) c
          WHERE c.nth = 1) f
  WHERE f.before < @max_bytes::bigint
+    OR f.seq = f.oldest
  ORDER BY f.seq
