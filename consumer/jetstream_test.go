@@ -424,3 +424,38 @@ func TestJetStreamDedupeRecordsMustOutliveTheStream(t *testing.T) {
 		t.Fatalf("records kept as long as the stream's messages: %v", err)
 	}
 }
+
+// natsjs.Ensure, as relays starting together call it: every call succeeds,
+// the stream is created once, an identical one is left alone, and a change
+// of settings updates it. (Relays that sent an update beside a create
+// crashed nats-server 2.9.10 in the chaos suite.)
+func TestEnsureCreatesTheStreamOnceAndUpdatesOnlyAChange(t *testing.T) {
+	rdb := outboxtest.NewRedis(t)
+	nc, js, err := natsjs.Connect(outboxtest.NATSURL(t), "outbox-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s := natsjs.Stream{Name: outboxtest.NATSStream(t), SubjectPrefix: rdb.Prefix + "outbox.event."}
+	ctx := context.Background()
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() { _, err := natsjs.Ensure(ctx, js, s); errs <- err }()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Ensure beside seven others: %v", err)
+		}
+	}
+	st, err := js.Stream(ctx, s.Name)
+	if err != nil || st.CachedInfo().Config.MaxAge != natsjs.DefaultMaxAge {
+		t.Fatalf("stream after the creates: %v, max age %v", err, st.CachedInfo().Config.MaxAge)
+	}
+	s.MaxAge = 48 * time.Hour
+	if _, err := natsjs.Ensure(ctx, js, s); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = js.Stream(ctx, s.Name); err != nil || st.CachedInfo().Config.MaxAge != 48*time.Hour {
+		t.Fatalf("stream after a change: %v, max age %v, want 48h", err, st.CachedInfo().Config.MaxAge)
+	}
+}

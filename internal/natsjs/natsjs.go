@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -74,12 +75,18 @@ func (s Stream) Validate() error {
 }
 
 // Ensure creates the stream, or updates its settings, and returns its name.
+//
+// It updates a stream only when its settings differ, and creates one that
+// does not exist (an identical one created meanwhile by another relay is
+// fine): relays started together on a new server then never send an update
+// beside a create, which crashed nats-server 2.9.10 (a nil pointer in
+// stream.updateWithAdvisory, found by the chaos suite in NATS mode).
 func Ensure(ctx context.Context, js jetstream.JetStream, s Stream) (string, error) {
 	s = s.withDefaults()
 	if err := s.Validate(); err != nil {
 		return "", err
 	}
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name:        s.Name,
 		Description: "transactional outbox events, published by the relay (github.com/tedbank/outbox)",
 		Subjects:    []string{s.SubjectPrefix + ">"},
@@ -89,11 +96,41 @@ func Ensure(ctx context.Context, js jetstream.JetStream, s Stream) (string, erro
 		Storage:     jetstream.FileStorage,
 		Replicas:    s.Replicas,
 		Discard:     jetstream.DiscardOld,
-	})
-	if err != nil {
+	}
+	fail := func(err error) (string, error) {
 		return "", fmt.Errorf("create or update JetStream stream %s (subjects %s>): %w", s.Name, s.SubjectPrefix, err)
 	}
-	return s.Name, nil
+	for range 2 {
+		st, err := js.Stream(ctx, s.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			_, err = js.CreateStream(ctx, want)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+				continue // another relay created it with other settings: look again
+			}
+			if err != nil {
+				return fail(err)
+			}
+			return s.Name, nil
+		case err != nil:
+			return fail(err)
+		}
+		if have := st.CachedInfo().Config; sameSettings(have, want) {
+			return s.Name, nil
+		}
+		if _, err := js.UpdateStream(ctx, want); err != nil {
+			return fail(err)
+		}
+		return s.Name, nil
+	}
+	return fail(errors.New("created and changed by another relay meanwhile; try again"))
+}
+
+// sameSettings: have holds the settings Ensure sets, as want has them.
+func sameSettings(have, want jetstream.StreamConfig) bool {
+	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+		have.Retention == want.Retention && have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates &&
+		have.Storage == want.Storage && have.Replicas == want.Replicas && have.Discard == want.Discard
 }
 
 // Connect connects to the NATS server at url (nats://host:port; a
