@@ -7,7 +7,7 @@
 #   PG=postgres://postgres@127.0.0.1:5432 REDIS_URL=redis://127.0.0.1:6379/0 scripts/big-payloads.sh [outbox-binary]
 #
 # It creates and drops the database big_payloads and deletes its stream
-# (keys big-payloads:*); needs psql and redis-cli.
+# (keys big-payloads:*); needs psql, redis-cli and bc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-}
