@@ -82,19 +82,7 @@ func TestConsumerWhoseRedisConnectionsAreKilledAgainAndAgain(t *testing.T) {
 	outboxtest.Eventually(t, 30*time.Second, func() bool { return f.report().Verdicts >= int64(len(all)) },
 		"not every TED was judged")
 	f.checkEffectsOnce(f.settled())
-	applied := map[string]time.Time{}
-	bySender := map[string][]string{}
-	msgs, err := f.Redis.XRange(f.Ctx, f.keys().Audit(), "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs {
-		id, _ := m.Values["transfer_id"].(string)
-		ms, _ := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
-		applied[id] = time.UnixMilli(ms)
-		sender, _ := m.Values["from_account"].(string)
-		bySender[sender] = append(bySender[sender], id)
-	}
+	applied, bySender := auditTimes(f)
 	var late []string
 	var slowest time.Duration
 	for id, at := range all {

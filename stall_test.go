@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,24 +50,8 @@ func TestStalledRelayIsTakenOverWithinASecond(t *testing.T) {
 			f.Run(b.Run)
 			outboxtest.Eventually(t, 10*time.Second, func() bool { return b.Stats().ListenUp }, "relay-b not listening")
 
-			cmd := f.OutboxCmd("relay.after-claim", "relay", "--name", "relay-a", "--stream-prefix", f.StreamPrefix(),
-				"--ownership", ownership)
-			cmd.Env = append(cmd.Env, failpoint.ActionEnvVar+"=stop")
-			var out relaytest.SyncBuffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(exited) }()
-			t.Cleanup(func() {
-				_ = cmd.Process.Signal(syscall.SIGCONT)
-				_ = cmd.Process.Kill()
-				<-exited
-				if t.Failed() {
-					t.Logf("relay-a's output:\n%s", out.Bytes())
-				}
-			})
+			cmd, exited := startStalling(t, f.OutboxCmd("relay.after-claim", "relay", "--name", "relay-a",
+				"--stream-prefix", f.StreamPrefix(), "--ownership", ownership), "relay-a")
 			outboxtest.Eventually(t, 20*time.Second, func() bool {
 				if ownership == relay.OwnPartitions {
 					h := f.LeaseHolders()
@@ -76,33 +61,7 @@ func TestStalledRelayIsTakenOverWithinASecond(t *testing.T) {
 			}, "relay-a did not join relay-b")
 
 			// 100 TEDs a second of 20 senders, until told to stop.
-			var (
-				mu        sync.Mutex
-				committed = map[string]time.Time{} // transfer id -> a moment before its commit
-				stopWrite = make(chan struct{})
-				written   = make(chan struct{})
-			)
-			go func() {
-				defer close(written)
-				tick := time.NewTicker(10 * time.Millisecond)
-				defer tick.Stop()
-				for i := 0; ; i++ {
-					select {
-					case <-stopWrite:
-						return
-					case <-tick.C:
-					}
-					ted := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("stall-%02d", i%20), ToAccount: "dest", AmountCents: 100}
-					before := time.Now()
-					if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					committed[ted.ID.String()] = before
-					mu.Unlock()
-				}
-			}()
+			committed, stopWrite, written := settleSteadily(t, f, 10*time.Millisecond)
 			// relay-a stops at its first claim of rows, its batch in hand.
 			outboxtest.Eventually(t, 20*time.Second, func() bool { return processStopped(cmd.Process.Pid) },
 				"relay-a never stopped at its claim")
@@ -119,65 +78,19 @@ func TestStalledRelayIsTakenOverWithinASecond(t *testing.T) {
 			default:
 			}
 
-			mu.Lock()
-			defer mu.Unlock()
+			all := committed()
 			outboxtest.Eventually(t, 30*time.Second, func() bool {
-				return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == len(committed)
+				return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == len(all)
 			}, "not every event was published")
-			msgs, err := f.Redis.XRange(f.Ctx, f.Stream(), "-", "+").Result()
-			if err != nil {
-				t.Fatal(err)
-			}
 			first := map[string]time.Time{}   // transfer id -> its first entry's time
 			bySender := map[string][]string{} // sender -> transfer ids, in first-entry order
-			for _, m := range msgs {
-				id, _ := m.Values["aggregate_id"].(string)
-				if _, seen := first[id]; seen {
-					continue
-				}
-				ms, _ := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
-				first[id] = time.UnixMilli(ms)
-				sender, _ := m.Values["partition_key"].(string)
-				bySender[sender] = append(bySender[sender], id)
+			for _, e := range f.FirstEntries(f.Stream(), "aggregate_id", "partition_key") {
+				first[e.ID] = e.At
+				bySender[e.Key] = append(bySender[e.Key], e.ID)
 			}
-			var waits []time.Duration
-			var late []string
-			for id, at := range committed {
-				sent, ok := first[id]
-				if !ok {
-					t.Fatalf("transfer %s is not in the stream", id)
-				}
-				w := sent.Sub(at)
-				waits = append(waits, w)
-				if w > stallBound {
-					late = append(late, fmt.Sprintf("%s after %s", id, w.Round(time.Millisecond)))
-				}
-			}
-			slices.Sort(waits)
-			t.Logf("%d TEDs, relay-a stalled %s: commit to stream median %s, p99 %s, max %s; %d entries (duplicates included)",
-				len(waits), stallFor, waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)*99/100].Round(time.Millisecond),
-				waits[len(waits)-1].Round(time.Millisecond), len(msgs))
-			if len(late) > 0 {
-				t.Errorf("%d of %d events reached the stream more than %s after their commit: %v", len(late), len(waits), stallBound, late)
-			}
+			checkWaits(t, "commit to stream", all, first)
 			// Each sender's TEDs first appear in settled (seq) order.
-			for sender, ids := range bySender {
-				var want []string
-				rows, err := f.Pool.Query(f.Ctx, `SELECT aggregate_id FROM outbox_messages WHERE partition_key = $1 ORDER BY seq`, sender)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for rows.Next() {
-					var id string
-					if err := rows.Scan(&id); err != nil {
-						t.Fatal(err)
-					}
-					want = append(want, id)
-				}
-				if !slices.Equal(ids, want) {
-					t.Errorf("sender %s: first entries out of order:\n got %v\nwant %v", sender, ids, want)
-				}
-			}
+			checkSendersOrder(t, f, bySender, "first entries")
 		})
 	}
 }
@@ -213,24 +126,8 @@ func TestStalledConsumerIsTakenOverWithinASecond(t *testing.T) {
 		c.ClaimInterval, c.ClaimMinIdle, c.PartitionLease = 0, 0, 0 // the defaults: 5 s, 30 s, 10 s
 	})
 	f.Run(alive.Run)
-	cmd := f.OutboxCmd("fraud.after-read", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(),
-		"--consumer", "stalled", "--partitions", "2", "--block", "100ms", "--audit-len", strconv.Itoa(auditLen))
-	cmd.Env = append(cmd.Env, failpoint.ActionEnvVar+"=stop")
-	var out relaytest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("the stalled consumer's output:\n%s", out.Bytes())
-		}
-	})
+	cmd, exited := startStalling(t, f.OutboxCmd("fraud.after-read", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(),
+		"--consumer", "stalled", "--partitions", "2", "--block", "100ms", "--audit-len", strconv.Itoa(auditLen)), "the stalled consumer")
 	outboxtest.Eventually(t, 20*time.Second, func() bool {
 		for _, k := range f.keys().Each() {
 			if v, _ := f.Redis.Get(f.Ctx, k.Lease("fraud")).Result(); strings.Contains(v, "|stalled|") {
@@ -261,23 +158,48 @@ func TestStalledConsumerIsTakenOverWithinASecond(t *testing.T) {
 		"not every TED was judged")
 	f.checkEffectsOnce(f.settled())
 	// When each was applied: its audit entry's time (written with the effect).
-	applied := map[string]time.Time{}
-	bySender := map[string][]string{}
-	for _, k := range f.keys().Each() {
-		msgs, err := f.Redis.XRange(f.Ctx, k.Audit(), "-", "+").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range msgs {
-			id, _ := m.Values["transfer_id"].(string)
-			ms, _ := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
-			applied[id] = time.UnixMilli(ms)
-			sender, _ := m.Values["from_account"].(string)
-			bySender[sender] = append(bySender[sender], id)
-		}
-	}
+	applied, bySender := auditTimes(f)
 	checkWaits(t, "commit to effect", committed(), applied)
 	checkSendersOrder(t, f, bySender, "applied")
+}
+
+// startStalling starts cmd, an outbox process armed to stop itself at a fail
+// point (OUTBOX_FAILPOINT_ACTION=stop), and returns it with a channel closed
+// when it exits; when the test ends it is continued, killed, and its output
+// (who's) shown if the test failed.
+func startStalling(t *testing.T, cmd *exec.Cmd, who string) (*exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	cmd.Env = append(cmd.Env, failpoint.ActionEnvVar+"=stop")
+	var out relaytest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("%s's output:\n%s", who, out.Bytes())
+		}
+	})
+	return cmd, exited
+}
+
+// auditTimes reads anti-fraud's audit streams (an entry written with each
+// effect): when each transfer was first applied, and each sender's
+// transfers in the order first applied.
+func auditTimes(f *fixture) (applied map[string]time.Time, bySender map[string][]string) {
+	applied, bySender = map[string]time.Time{}, map[string][]string{}
+	for _, k := range f.keys().Each() {
+		for _, e := range f.FirstEntries(k.Audit(), "transfer_id", "from_account") {
+			applied[e.ID] = e.At
+			bySender[e.Key] = append(bySender[e.Key], e.ID)
+		}
+	}
+	return applied, bySender
 }
 
 // settleSteadily settles a TED of one of 20 senders every tick until stop

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -121,20 +120,9 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 		return true
 	}, "not every event reached the stream")
 
-	msgs, err := f.Redis.XRange(f.Ctx, f.Stream(), "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	first := map[string]time.Time{} // event id -> its first entry's time
-	for _, m := range msgs {
-		id, _ := m.Values["event_id"].(string)
-		ms, err := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, ok := first[id]; !ok {
-			first[id] = time.UnixMilli(ms)
-		}
+	for _, e := range f.FirstEntries(f.Stream(), "event_id", "partition_key") {
+		first[e.ID] = e.At
 	}
 	var late []string
 	var waits []time.Duration

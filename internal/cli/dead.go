@@ -96,11 +96,9 @@ func runDeadRetry(ctx context.Context, e *env, args []string) error {
 	case *batch <= 0:
 		return usagef("--batch %d: must be positive", *batch)
 	}
-	ids := make([]uuid.UUID, len(rawIDs))
-	for i, s := range rawIDs {
-		if ids[i], err = uuid.Parse(s); err != nil {
-			return usagef("event id %q is not a UUID", s)
-		}
+	ids, err := eventIDs(rawIDs)
+	if err != nil {
+		return err
 	}
 	pool, err := deadPool(ctx, &c)
 	if err != nil {
@@ -133,4 +131,16 @@ func runDeadRetry(ctx context.Context, e *env, args []string) error {
 			len(res.Skipped), len(res.Skipped)+len(res.Requeued), list(why, 10))
 	}
 	return nil
+}
+
+// eventIDs parses the event ids given on a command line.
+func eventIDs(raw []string) ([]uuid.UUID, error) {
+	ids := make([]uuid.UUID, len(raw))
+	for i, s := range raw {
+		var err error
+		if ids[i], err = uuid.Parse(s); err != nil {
+			return nil, usagef("event id %q is not a UUID", s)
+		}
+	}
+	return ids, nil
 }

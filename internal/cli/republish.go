@@ -43,11 +43,9 @@ func runRepublish(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	ids := make([]uuid.UUID, len(rawIDs))
-	for i, s := range rawIDs {
-		if ids[i], err = uuid.Parse(s); err != nil {
-			return usagef("event id %q is not a UUID", s)
-		}
+	ids, err := eventIDs(rawIDs)
+	if err != nil {
+		return err
 	}
 	pool, err := deadPool(ctx, &c)
 	if err != nil {

@@ -9,6 +9,8 @@ package relaytest
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -179,4 +181,39 @@ func (f *Fixture) Entries(stream string) []string {
 		ids[i], _ = m.Values["event_id"].(string)
 	}
 	return ids
+}
+
+// FirstEntry is the first entry of one event in a stream: the event's
+// value of the id field asked for, its key field's, and when the entry was
+// added (its stream id's milliseconds).
+type FirstEntry struct {
+	ID, Key string
+	At      time.Time
+}
+
+// FirstEntries returns, in stream order, the first entry of each distinct
+// value of idField in stream (later copies are duplicates), with its value
+// of keyField.
+func (f *Fixture) FirstEntries(stream, idField, keyField string) []FirstEntry {
+	f.T.Helper()
+	msgs, err := f.Redis.XRange(f.Ctx, stream, "-", "+").Result()
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var out []FirstEntry
+	for _, m := range msgs {
+		id, _ := m.Values[idField].(string)
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		ms, err := strconv.ParseInt(strings.SplitN(m.ID, "-", 2)[0], 10, 64)
+		if err != nil {
+			f.T.Fatal(err)
+		}
+		key, _ := m.Values[keyField].(string)
+		out = append(out, FirstEntry{ID: id, Key: key, At: time.UnixMilli(ms)})
+	}
+	return out
 }
