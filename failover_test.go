@@ -130,14 +130,7 @@ func TestConsumerKilledHoldingPartitionsIsTakenOverAtOnce(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	outboxtest.Eventually(t, 20*time.Second, func() bool {
-		for _, k := range f.keys().Each() {
-			if v, _ := f.Redis.Get(f.Ctx, k.Lease("fraud")).Result(); strings.Contains(v, "|dead|") {
-				return true
-			}
-		}
-		return false
-	}, "the consumer process took no partition")
+	f.waitForPartitionOf("dead")
 	teds := f.Settle(40) // about half of them in its partition
 	var killed time.Time
 	select {

@@ -128,14 +128,7 @@ func TestStalledConsumerIsTakenOverWithinASecond(t *testing.T) {
 	f.Run(alive.Run)
 	cmd, exited := startStalling(t, f.OutboxCmd("fraud.after-read", "fraud", "--stream", f.Stream(), "--key-prefix", f.keyPrefix(),
 		"--consumer", "stalled", "--partitions", "2", "--block", "100ms", "--audit-len", strconv.Itoa(auditLen)), "the stalled consumer")
-	outboxtest.Eventually(t, 20*time.Second, func() bool {
-		for _, k := range f.keys().Each() {
-			if v, _ := f.Redis.Get(f.Ctx, k.Lease("fraud")).Result(); strings.Contains(v, "|stalled|") {
-				return true
-			}
-		}
-		return false
-	}, "the consumer process took no partition")
+	f.waitForPartitionOf("stalled")
 
 	committed, stopWrite, written := settleSteadily(t, f, 10*time.Millisecond)
 	outboxtest.Eventually(t, 20*time.Second, func() bool { return processStopped(cmd.Process.Pid) },
@@ -161,6 +154,20 @@ func TestStalledConsumerIsTakenOverWithinASecond(t *testing.T) {
 	applied, bySender := auditTimes(f)
 	checkWaits(t, "commit to effect", committed(), applied)
 	checkSendersOrder(t, f, bySender, "applied")
+}
+
+// waitForPartitionOf waits until the anti-fraud consumer named consumer
+// holds a partition lease.
+func (f *fixture) waitForPartitionOf(consumer string) {
+	f.T.Helper()
+	outboxtest.Eventually(f.T, 20*time.Second, func() bool {
+		for _, k := range f.keys().Each() {
+			if v, _ := f.Redis.Get(f.Ctx, k.Lease("fraud")).Result(); strings.Contains(v, "|"+consumer+"|") {
+				return true
+			}
+		}
+		return false
+	}, "the consumer process %s took no partition", consumer)
 }
 
 // startStalling starts cmd, an outbox process armed to stop itself at a fail

@@ -98,34 +98,43 @@ func RetryDead(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (RetryR
 	if len(uniq) == 0 {
 		return res, nil
 	}
-	q := queries.AdminDeadRetry(uniq)
-	rows, err := pool.Query(ctx, q.SQL, q.Args...)
+	var err error
+	res.Requeued, res.Skipped, err = requeue(ctx, pool, queries.AdminDeadRetry(uniq))
 	if err != nil {
-		return res, fmt.Errorf("requeue dead events: %w", err)
+		return RetryResult{}, fmt.Errorf("requeue dead events: %w", err)
+	}
+	return res, nil
+}
+
+// requeue runs st, a statement that puts events back to pending and returns
+// each requested id once with whether it did and the row's status before
+// (admin_dead_retry.sql, admin_republish.sql), and sorts the ids: done, or
+// skipped with their status ("" for no such event).
+func requeue(ctx context.Context, pool *pgxpool.Pool, st queries.Statement) (done []uuid.UUID, skipped []NotRequeued, _ error) {
+	rows, err := pool.Query(ctx, st.SQL, st.Args...)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			id       uuid.UUID
-			requeued bool
-			status   *string
+			id     uuid.UUID
+			ok     bool
+			status *string
 		)
-		if err := rows.Scan(&id, &requeued, &status); err != nil {
-			return RetryResult{}, fmt.Errorf("requeue dead events: %w", err)
+		if err := rows.Scan(&id, &ok, &status); err != nil {
+			return nil, nil, err
 		}
 		switch {
-		case requeued:
-			res.Requeued = append(res.Requeued, id)
+		case ok:
+			done = append(done, id)
 		case status == nil:
-			res.Skipped = append(res.Skipped, NotRequeued{EventID: id})
+			skipped = append(skipped, NotRequeued{EventID: id})
 		default:
-			res.Skipped = append(res.Skipped, NotRequeued{EventID: id, Status: *status})
+			skipped = append(skipped, NotRequeued{EventID: id, Status: *status})
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return RetryResult{}, fmt.Errorf("requeue dead events: %w", err)
-	}
-	return res, nil
+	return done, skipped, rows.Err()
 }
 
 // DefaultRetryBatch is how many dead rows RetryAllDead requeues per statement.

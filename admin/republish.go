@@ -42,31 +42,9 @@ func Republish(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, by, rea
 	case len(ids) == 0:
 		return res, nil
 	}
-	q := queries.AdminRepublish(ids, by, reason)
-	rows, err := pool.Query(ctx, q.SQL, q.Args...)
+	var err error
+	res.Republished, res.Skipped, err = requeue(ctx, pool, queries.AdminRepublish(ids, by, reason))
 	if err != nil {
-		return res, fmt.Errorf("republish: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			id          uuid.UUID
-			republished bool
-			status      *string
-		)
-		if err := rows.Scan(&id, &republished, &status); err != nil {
-			return RepublishResult{}, fmt.Errorf("republish: %w", err)
-		}
-		switch {
-		case republished:
-			res.Republished = append(res.Republished, id)
-		case status == nil:
-			res.Skipped = append(res.Skipped, NotRequeued{EventID: id})
-		default:
-			res.Skipped = append(res.Skipped, NotRequeued{EventID: id, Status: *status})
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return RepublishResult{}, fmt.Errorf("republish: %w", err)
 	}
 	return res, nil
