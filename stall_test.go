@@ -146,10 +146,10 @@ func TestStalledConsumerIsTakenOverWithinASecond(t *testing.T) {
 	default:
 	}
 
-	n := len(committed())
-	outboxtest.Eventually(t, 30*time.Second, func() bool { return f.report().Verdicts >= int64(n) },
+	teds := f.settled()
+	outboxtest.Eventually(t, 30*time.Second, func() bool { return f.report().Verdicts >= int64(len(teds)) },
 		"not every TED was judged")
-	f.checkEffectsOnce(f.settled())
+	f.checkEffectsOnce(teds)
 	// When each was applied: its audit entry's time (written with the effect).
 	applied, bySender := auditTimes(f)
 	checkWaits(t, "commit to effect", committed(), applied)
