@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
 )
@@ -37,17 +39,22 @@ const ownershipSettle = 3 * time.Second
 // leases) runs on this database. Run returns it.
 var ErrMixedOwnership = errors.New("relays of both ownerships on one database")
 
-// checkOwnership reports ErrMixedOwnership when a relay of the other
-// ownership holds its lock; with hold, it first takes this relay's own, for
-// the life of conn's session.
-func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st queries.Statement, dest ...any) error, hold bool) error {
-	own, other := r.own.lockModes()
-	if hold {
-		var v any
-		if err := exec(ctx, queries.RelayOwnershipHold(own), &v); err != nil {
-			return fmt.Errorf("hold the ownership lock: %w", err)
-		}
+// holdOwnership takes this relay's ownership lock for the life of conn's
+// session.
+func (r *Relay) holdOwnership(ctx context.Context, conn *pgx.Conn) error {
+	own, _ := r.own.lockModes()
+	st := queries.RelayOwnershipHold(own)
+	var v any
+	if err := conn.QueryRow(ctx, st.SQL, st.Args...).Scan(&v); err != nil {
+		return fmt.Errorf("hold the ownership lock: %w", err)
 	}
+	return nil
+}
+
+// checkOwnership reports ErrMixedOwnership when a registered relay of the
+// other ownership holds its lock.
+func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Context, st queries.Statement, dest ...any) error) error {
+	_, other := r.own.lockModes()
 	// A relay that just stopped holds its lock until its backend has
 	// exited, a moment after its connection closed: look again for a
 	// little while before refusing.
@@ -82,7 +89,7 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
 	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
 		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	}, false)
+	})
 	if err != nil && !errors.Is(err, ErrMixedOwnership) {
 		r.log.Warn("could not check for relays of the other ownership; checking once listening", slog.Any("error", err))
 		return nil
@@ -101,7 +108,7 @@ func (p *partitionLeases) prepare(ctx context.Context) error {
 	}
 	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
 		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	}, false)
+	})
 	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {
 		r.log.Error("relay stopping", slog.Any("error", err))
 		r.stop(err)

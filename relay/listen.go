@@ -112,10 +112,12 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", r.cfg.Channel, err)
 	}
+	// Hold this relay's ownership lock, then register, then look for relays
+	// of the other ownership: only registered relays count (any role may
+	// take an advisory lock, migration 0018), and registering first lets
+	// two relays of different ownerships starting at once see each other.
 	octx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	err = r.checkOwnership(octx, func(ctx context.Context, st queries.Statement, dest ...any) error {
-		return conn.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	}, true)
+	err = r.holdOwnership(octx, conn)
 	cancel()
 	if err != nil {
 		return err
@@ -136,6 +138,16 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 	cancel()
 	if err != nil {
 		return fmt.Errorf("register the relay: %w", err)
+	}
+	octx, cancel = context.WithTimeout(ctx, listenConnectTimeout)
+	err = r.checkOwnership(octx, func(ctx context.Context, st queries.Statement, dest ...any) error {
+		return conn.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
+	})
+	cancel()
+	if err != nil {
+		// Its membership outlives it only until a live relay's watch finds
+		// its backend gone (relay_bury.sql).
+		return err
 	}
 	if len(r.pastPIDs) > 0 {
 		// This relay's claims made under its earlier LISTEN connections are

@@ -47,11 +47,10 @@ CREATE FUNCTION public.outbox_messages_notify_idle() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    IF pg_sequence_last_value('outbox_relay_idle') = 0 THEN
-        PERFORM pg_advisory_xact_lock_shared(1869903214, 1);
-        IF pg_sequence_last_value('outbox_relay_idle') = 0 THEN
-            RETURN NULL; -- a relay is draining and will see this row
-        END IF;
+    IF pg_sequence_last_value('outbox_relay_idle') = 0
+       AND pg_try_advisory_xact_lock_shared(1869903214, 1)
+       AND pg_sequence_last_value('outbox_relay_idle') = 0 THEN
+        RETURN NULL; -- a relay is draining and will see this row
     END IF;
     PERFORM pg_notify('outbox_messages', '');
     RETURN NULL;
@@ -142,7 +141,23 @@ BEGIN
         PERFORM pg_advisory_xact_lock(1869903214, 1);
     EXCEPTION WHEN lock_not_available THEN
         PERFORM set_config('lock_timeout', saved, true);
-        RETURN false;
+        -- One read of the lock table (MATERIALIZED: pg_locks twice would
+        -- be two reads).
+        RETURN NOT EXISTS (
+            WITH locks AS MATERIALIZED (
+                SELECT locktype, database, classid, objid, objsubid, pid, granted, virtualxid
+                  FROM pg_locks
+            )
+            SELECT 1
+              FROM locks h
+             WHERE h.locktype = 'advisory'
+               AND h.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND h.classid = 1869903214 AND h.objid = 1 AND h.objsubid = 2
+               AND h.granted
+               AND h.pid IS DISTINCT FROM pg_backend_pid()
+               AND (h.pid IS NULL
+                    OR EXISTS (SELECT 1 FROM locks x
+                                WHERE x.locktype = 'virtualxid' AND x.pid = h.pid AND x.granted)));
     END;
     PERFORM set_config('lock_timeout', saved, true);
     RETURN true;
@@ -155,6 +170,14 @@ CREATE FUNCTION public.outbox_relay_slot(key text, slots integer) RETURNS intege
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int $$;
 
+-- TABLE outbox_relay_members
+
+CREATE TABLE public.outbox_relay_members (
+    owner text NOT NULL,
+    seen_until timestamp with time zone NOT NULL,
+    pid integer
+);
+
 -- VIEW outbox_live_relays
 
 CREATE VIEW public.outbox_live_relays AS
@@ -163,7 +186,9 @@ CREATE VIEW public.outbox_live_relays AS
    FROM pg_locks l
   WHERE ((l.locktype = 'advisory'::text) AND (l.database = ( SELECT pg_database.oid
            FROM pg_database
-          WHERE (pg_database.datname = current_database()))) AND (l.classid = (1869903216)::oid) AND (l.objsubid = 2) AND l.granted);
+          WHERE (pg_database.datname = current_database()))) AND (l.classid = (1869903216)::oid) AND (l.objsubid = 2) AND l.granted AND (l.pid IN ( SELECT m.pid
+           FROM public.outbox_relay_members m
+          WHERE (m.pid IS NOT NULL))));
 
 -- TABLE outbox_messages
 
@@ -233,14 +258,6 @@ CREATE SEQUENCE public.outbox_relay_idle
     MINVALUE 0
     MAXVALUE 1
     CACHE 1;
-
--- TABLE outbox_relay_members
-
-CREATE TABLE public.outbox_relay_members (
-    owner text NOT NULL,
-    seen_until timestamp with time zone NOT NULL,
-    pid integer
-);
 
 -- TABLE outbox_relay_partitions
 
