@@ -98,6 +98,13 @@ const (
 	// terminated again and again.
 	Stall  = "stall"
 	PGFlap = "pg-flap"
+	// Issue 38 too: 18 MiB of big payloads from a SQL writer; a long
+	// transaction holding the horizon while a backlog drains; Redis back
+	// without its last seconds, repaired with reconcile and republish
+	// (datafaults.go).
+	BigPayloads = "big-payloads"
+	LongTx      = "long-tx"
+	RedisLoss   = "redis-loss"
 	// On a Redis Cluster (cluster.go).
 	MasterKill    = "master-kill"
 	MasterStop    = "master-stop"
@@ -112,11 +119,12 @@ const (
 // Kinds lists every kind of fault on a single Redis; ClusterKinds on a
 // Redis Cluster.
 var (
-	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError, Stall, PGFlap}
-	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave, Stall, PGFlap}
+	Kinds        = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, RedisOOM, BusyError, Stall, PGFlap, BigPayloads, LongTx, RedisLoss}
+	ClusterKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, PGRestart, BusyError, MasterKill, MasterStop, Reshard, ConsumerJoin, ConsumerLeave, Stall, PGFlap, BigPayloads, LongTx}
 	// NATSKinds on NATS JetStream: the relays never touch Redis (no busy
 	// error, no OOM for them), the consumers keep their effects there.
-	NATSKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, NATSKill, NATSRestart, Stall, PGFlap}
+	// A Redis loss is not among them: the stream is in NATS.
+	NATSKinds = []string{KillRelay, KillConsumer, Failpoint, PGTerminate, RedisClientKill, Blackhole, PGRestart, RedisKill, NATSKill, NATSRestart, Stall, PGFlap, BigPayloads, LongTx}
 )
 
 // RollingDeploy is not a fault: every relay in turn is stopped with SIGTERM
@@ -210,7 +218,11 @@ type run struct {
 	// firstEntry is the id of the first stream entry of each event id.
 	firstEntry map[string]string
 	stuck      bool // a fault never recovered
-	restarts   int  // relays restarted by rolling deploys
+	blobBursts int  // big-payloads faults so far
+	// bg: what a fault left running after it ended (a long transaction
+	// held open while its backlog drains); waited for before the checks.
+	bg       sync.WaitGroup
+	restarts int // relays restarted by rolling deploys
 
 	mu       sync.Mutex
 	faults   []FaultRecord
@@ -287,6 +299,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
+	r.bg.Wait()
 	r.waitDrain(ctx)
 	r.stopAll()
 	cancelMon()

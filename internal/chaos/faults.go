@@ -25,7 +25,7 @@ var (
 		KillRelay: 3, KillConsumer: 3, Failpoint: 3, PGTerminate: 2, RedisClientKill: 2,
 		Blackhole: 1, PGRestart: 1, RedisKill: 1, RedisOOM: 1, BusyError: 2,
 		RollingDeploy: 1, MasterKill: 2, MasterStop: 1, Reshard: 1, ConsumerJoin: 1, ConsumerLeave: 1,
-		NATSKill: 2, NATSRestart: 1, Stall: 2, PGFlap: 1,
+		NATSKill: 2, NATSRestart: 1, Stall: 2, PGFlap: 1, BigPayloads: 1, LongTx: 1, RedisLoss: 1,
 	}
 	// stallTargets: a stall stops one relay or one anti-fraud consumer.
 	stallTargets         = []string{"relay", "fraud"}
@@ -62,7 +62,7 @@ func (r *run) mandatory() []planned {
 		// The measured failovers too: the load ends before the traffic
 		// faults come on a cluster.
 		first = append(first, planned{KillRelay, killOne}, planned{KillConsumer, killOne},
-			planned{Stall, "relay"}, planned{Stall, "fraud"})
+			planned{Stall, "relay"}, planned{Stall, "fraud"}, planned{BigPayloads, ""}, planned{LongTx, ""})
 		r.rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
 		rest = []planned{{KillRelay, ""}, {KillConsumer, ""}, {PGTerminate, ""}, {Blackhole, "pg"}, {PGFlap, ""}}
 	}
@@ -100,18 +100,23 @@ func (r *run) mandatory() []planned {
 	// anti-fraud consumer killed while the others run.
 	// So do the stalls: a stopped relay or consumer holds work only while
 	// events flow.
+	// So do the faults of the data: big payloads beside TEDs, a backlog
+	// under a held horizon, a Redis that loses what was just published.
 	traffic := []planned{{BusyError, ""}, {RollingDeploy, ""}, {BusyError, ""}, {RollingDeploy, ""},
-		{KillRelay, killOne}, {KillConsumer, killOne}, {Stall, "relay"}, {Stall, "fraud"}}
+		{KillRelay, killOne}, {KillConsumer, killOne}, {Stall, "relay"}, {Stall, "fraud"},
+		{BigPayloads, ""}, {LongTx, ""}, {RedisLoss, ""}}
 	if r.cfg.NATS { // the busy error is Redis's, which the relays do not use
 		traffic = []planned{{RollingDeploy, ""}, {RollingDeploy, ""}, {KillRelay, killOne}, {KillConsumer, killOne},
-			{Stall, "relay"}, {Stall, "fraud"}}
+			{Stall, "relay"}, {Stall, "fraud"}, {BigPayloads, ""}, {LongTx, ""}}
 	}
 	r.rng.Shuffle(len(traffic), func(i, j int) { traffic[i], traffic[j] = traffic[j], traffic[i] })
 	switch {
 	case r.cfg.Cluster:
 		// The fail points right after the cluster's faults, while the
 		// load still runs (on a single Redis the load outlasts them all).
-		traffic = slices.DeleteFunc(traffic, func(f planned) bool { return f.variant == killOne || f.kind == Stall })
+		traffic = slices.DeleteFunc(traffic, func(f planned) bool {
+			return f.variant == killOne || f.kind == Stall || f.kind == BigPayloads || f.kind == LongTx || f.kind == RedisLoss
+		})
 		return slices.Concat(first, fps, traffic, rest)
 	case r.cfg.NATS:
 		return slices.Concat(first, traffic, fps, rest)
@@ -275,6 +280,17 @@ func (r *run) inject(ctx context.Context, f planned) FaultRecord {
 		} else {
 			rec.Note = "not running: nothing to stop"
 		}
+	case BigPayloads:
+		rec.Note = r.bigPayloads(ctx)
+	case LongTx:
+		rec.Note = r.longTransaction(ctx, r.between(3*time.Second, 6*time.Second))
+	case RedisLoss:
+		note, err := r.redisLoss(ctx, r.between(2*time.Second, 4*time.Second))
+		if err != nil {
+			r.problem("redis-loss: %v", err)
+			note = "failed: " + err.Error()
+		}
+		rec.Note = note
 	case PGFlap:
 		total := 0
 		for i := range 4 {

@@ -57,6 +57,7 @@ type proc struct {
 	termSent    time.Time
 	stopping    bool
 	gap         time.Duration // wait before the next restart (a deploy's gap)
+	held        chan struct{} // while non-nil, no restart until it is closed (hold)
 	exits       map[exitKind]int
 	problems    []string // unexpected exits and ignored SIGTERMs
 	fired       chan string
@@ -107,7 +108,12 @@ func (p *proc) supervise() {
 		p.mu.Lock()
 		wait := max(delay, p.gap)
 		p.gap = 0
+		held := p.held
 		p.mu.Unlock()
+		if held != nil {
+			<-held
+			continue
+		}
 		time.Sleep(wait)
 	}
 }
@@ -294,6 +300,26 @@ func (p *proc) redeploy(gap time.Duration) (time.Duration, error) {
 	p.gap = gap
 	p.mu.Unlock()
 	return p.terminate(false)
+}
+
+// hold stops the current incarnation gracefully, as terminate does, and
+// starts the next one only at release: an operator's "stop the relays, repair,
+// start them again".
+func (p *proc) hold() (time.Duration, error) {
+	p.mu.Lock()
+	p.held = make(chan struct{})
+	p.mu.Unlock()
+	return p.terminate(false)
+}
+
+// release lets a held process start again.
+func (p *proc) release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
 }
 
 // incarnationNo returns the number of the current (or last) incarnation.

@@ -42,6 +42,9 @@ type Result struct {
 	// commit, and the longest commit-to-publish delay among them.
 	Judged, Stranded int
 	WorstCalm        time.Duration
+	// WorstAfterFault: the longest an event waited after the faults that
+	// held it ended (afterfault.go); over maxAfterFault fails the run.
+	WorstAfterFault time.Duration
 	// Restarts counts the relays restarted gracefully by rolling deploys.
 	Restarts int
 	// Probes counts the hand-over probes (probe.go); ProbesExact those in
@@ -121,9 +124,9 @@ func (r Result) Summary() string {
 		mode = "nats"
 	}
 	// New fields go at the end: scripts read this line.
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s",
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s worst_after_fault_ms=%d",
 		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "auto"))
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "auto"), r.WorstAfterFault.Milliseconds())
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load

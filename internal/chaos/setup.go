@@ -191,6 +191,7 @@ func (r *run) stopAll() {
 	for _, p := range r.procs {
 		wg.Go(func() {
 			took, err := p.terminate(true)
+			p.release() // a held process (redis-loss) is not started again: it is stopping
 			if err != nil {
 				r.problem("SIGTERM: %v", err)
 				return

@@ -326,6 +326,7 @@ func (r *run) stranded(ctx context.Context, res *Result) {
 	windows := faultWindows(faults, setupBack)
 	rep := classify(events, windows)
 	r.judgeProbes(events, windows, res)
+	r.judgeAfterFaults(events, faults, res)
 	res.Judged, res.Stranded = rep.Judged, len(rep.Stranded)
 	if rep.Judged > 0 {
 		res.WorstCalm = rep.Worst.delay()

@@ -154,10 +154,18 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	}
 	rows.Close()
 	res.Events = len(eventIDs)
-	var other int
+	var other, blobs, blobsPublished int
 	if err := r.mon.QueryRow(ctx, `SELECT count(*) FROM outbox_messages
-		WHERE NOT (aggregate_type = 'transfer' AND event_type = 'transfer.settled')`).Scan(&other); err != nil {
+		WHERE NOT (aggregate_type = 'transfer' AND event_type = 'transfer.settled') AND aggregate_type <> $1`, blobAggregate).Scan(&other); err != nil {
 		r.problem("count other events: %v", err)
+	}
+	// The big payloads (datafaults.go): each published.
+	if err := r.mon.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'published') FROM outbox_messages
+		WHERE aggregate_type = $1`, blobAggregate).Scan(&blobs, &blobsPublished); err != nil {
+		r.problem("count the big payloads: %v", err)
+	}
+	if blobs != r.blobBursts*blobCount || blobsPublished != blobs {
+		r.problem("big payloads: %d published of %d, want %d", blobsPublished, blobs, r.blobBursts*blobCount)
 	}
 	noEvent, multiEvent, orphans := 0, 0, 0
 	for id := range teds {

@@ -1,0 +1,115 @@
+package chaos
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// After a fault (issue 38): no event may wait more than maxAfterFault once
+// the faults that held it have ended. An event's clock starts when it is
+// ready (eventTiming.Ready: its commit, or its key's previous event's mark)
+// and starts again at the End of every fault that began before the event
+// was first published and was still going on at that point; what is left
+// between the last such start and the first publish is its wait after the
+// faults. The stranded analysis (stranded.go) judges calm phases against a
+// tighter bound; this judges every event, the ones a fault held included.
+//
+// A fault's End is when the suite stopped injecting it (a server restarted,
+// a process continued, the links thawed, the repair ran), not when the
+// relays were back: finding the way back is what is measured.
+//
+// Half-open links (blackhole) are the exception: a statement or a read
+// sent on a connection that went silent waits for its timeout (the relay's
+// claim 10 s, a consumer's read --block + 10 s), which no fault's end
+// shortens; they have their own bound, those timeouts and a reconnection.
+const (
+	maxAfterFault         = 2 * time.Second
+	maxAfterHalfOpenFault = 15 * time.Second
+)
+
+// afterFaultLimit is the longest an event may wait after a fault of kind.
+func afterFaultLimit(kind string) time.Duration {
+	if kind == Blackhole {
+		return maxAfterHalfOpenFault
+	}
+	return maxAfterFault
+}
+
+// afterFault is an event's wait after the faults that held it, and the
+// index of the last of them (-1: none).
+type afterFault struct {
+	event eventTiming
+	wait  time.Duration
+	fault int
+}
+
+// waitsAfterFaults returns each event's wait after the faults, slowest first.
+func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
+	order := make([]int, len(faults))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return faults[a].Start.Compare(faults[b].Start) })
+	out := make([]afterFault, 0, len(events))
+	for _, e := range events {
+		start, last := e.Ready, -1
+		for _, i := range order {
+			f := faults[i]
+			if !f.Start.Before(e.Publish) {
+				break
+			}
+			if f.End.After(start) {
+				start, last = f.End, i
+			}
+		}
+		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last})
+	}
+	slices.SortFunc(out, func(a, b afterFault) int { return int(b.wait - a.wait) })
+	return out
+}
+
+// judgeAfterFaults reports the events that waited more than maxAfterFault
+// after their faults, and the slowest wait of each kind of fault.
+func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *Result) {
+	waits := waitsAfterFaults(events, faults)
+	if len(waits) == 0 {
+		return
+	}
+	res.WorstAfterFault = waits[0].wait
+	worst := map[string]time.Duration{}
+	var late []afterFault
+	for _, w := range waits {
+		kind := "none"
+		if w.fault >= 0 {
+			kind = faults[w.fault].Kind
+		}
+		worst[kind] = max(worst[kind], w.wait)
+		if w.wait > afterFaultLimit(kind) {
+			late = append(late, w)
+		}
+	}
+	var parts []string
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range worst {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		parts = append(parts, fmt.Sprintf("%s %s", k, worst[k].Truncate(time.Millisecond)))
+	}
+	r.detail("after faults: the slowest wait of an event after the faults that held it ended, by the last of them: %v", parts)
+	for _, w := range late[:min(len(late), 5)] {
+		where, limit := "no fault before it", maxAfterFault
+		if w.fault >= 0 {
+			f := faults[w.fault]
+			where, limit = fmt.Sprintf("fault #%d %s %s ended %s", w.fault+1, f.Kind, f.Detail, stamp(f.End)), afterFaultLimit(f.Kind)
+		}
+		r.problem("event %s waited %s after the faults that held it ended (%s; ready %s, published %s): more than %s",
+			w.event.ID, w.wait.Truncate(time.Millisecond), where, stamp(w.event.Ready), stamp(w.event.Publish), limit)
+	}
+	if len(late) > 5 {
+		r.problem("%d events in all waited longer than their bound after the faults that held them ended", len(late))
+	}
+}

@@ -1,0 +1,53 @@
+package chaos
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// An event's clock starts again at the end of each fault that held it; an
+// event that waited longer than its bound after them fails the run.
+func TestWaitsAfterFaults(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 5, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	faults := []FaultRecord{
+		{Kind: LongTx, Start: at(1), End: at(3)},
+		{Kind: Blackhole, Start: at(10), End: at(14)},
+		{Kind: Stall, Start: at(2.5), End: at(4)}, // out of order, overlapping the first
+	}
+	events := []eventTiming{
+		{ID: "calm", Ready: at(0), Publish: at(0.2)},
+		{ID: "held", Ready: at(0.5), Publish: at(4.5)},             // 0.5 s after the stall's end
+		{ID: "during", Ready: at(1.5), Publish: at(2)},             // published while held: no wait after
+		{ID: "late", Ready: at(5), Publish: at(7.5)},               // no fault: 2.5 s
+		{ID: "half-open", Ready: at(11), Publish: at(24)},          // 10 s after the blackhole
+		{ID: "half-open-too-late", Ready: at(12), Publish: at(30)}, // 16 s after it
+	}
+	got := map[string]afterFault{}
+	for _, w := range waitsAfterFaults(events, faults) {
+		got[w.event.ID] = w
+	}
+	for id, want := range map[string]struct {
+		wait  time.Duration
+		fault int
+	}{
+		"calm": {200 * time.Millisecond, -1}, "held": {500 * time.Millisecond, 2}, "during": {0, -1},
+		"late": {2500 * time.Millisecond, -1}, "half-open": {10 * time.Second, 1}, "half-open-too-late": {16 * time.Second, 1},
+	} {
+		if g := got[id]; g.wait != want.wait || (want.wait > 0 && g.fault != want.fault) {
+			t.Errorf("%s: wait %s after fault %d, want %s after %d", id, g.wait, g.fault, want.wait, want.fault)
+		}
+	}
+
+	r := &run{logf: func(string, ...any) {}}
+	var res Result
+	r.judgeAfterFaults(events, faults, &res)
+	if res.WorstAfterFault != 16*time.Second {
+		t.Errorf("worst %s, want 16s", res.WorstAfterFault)
+	}
+	problems := strings.Join(r.problems, "\n")
+	if len(r.problems) != 2 || !strings.Contains(problems, "event late ") || !strings.Contains(problems, "event half-open-too-late ") {
+		t.Errorf("problems:\n%s\nwant the late event and the one past the half-open bound", problems)
+	}
+}
