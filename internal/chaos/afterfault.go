@@ -36,12 +36,16 @@ func afterFaultLimit(kind string) time.Duration {
 	return maxAfterFault
 }
 
-// afterFault is an event's wait after the faults that held it, and the
-// index of the last of them (-1: none).
+// afterFault is an event's wait after the faults that held it, the index
+// of the last of them (-1: none), and its bound. A half-open link's
+// after-effect outlasts the fault (a statement sent on a silent connection
+// waits for its timeout): an event ready within maxAfterHalfOpenFault of
+// such a fault's end has that bound too, and is counted against it.
 type afterFault struct {
 	event eventTiming
 	wait  time.Duration
 	fault int
+	limit time.Duration
 }
 
 // waitsAfterFaults returns each event's wait after the faults, slowest first.
@@ -53,7 +57,7 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 	slices.SortFunc(order, func(a, b int) int { return faults[a].Start.Compare(faults[b].Start) })
 	out := make([]afterFault, 0, len(events))
 	for _, e := range events {
-		start, last := e.Ready, -1
+		start, last, limit, halfOpen := e.Ready, -1, maxAfterFault, -1
 		for _, i := range order {
 			f := faults[i]
 			if !f.Start.Before(e.Publish) {
@@ -62,8 +66,14 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 			if f.End.After(start) {
 				start, last = f.End, i
 			}
+			if lim := afterFaultLimit(f.Kind); lim > limit && f.End.Add(lim).After(e.Ready) {
+				limit, halfOpen = lim, i
+			}
 		}
-		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last})
+		if last < 0 || (halfOpen >= 0 && afterFaultLimit(faults[last].Kind) < limit) {
+			last = halfOpen
+		}
+		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last, limit: limit})
 	}
 	slices.SortFunc(out, func(a, b afterFault) int { return int(b.wait - a.wait) })
 	return out
@@ -85,7 +95,7 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 			kind = faults[w.fault].Kind
 		}
 		worst[kind] = max(worst[kind], w.wait)
-		if w.wait > afterFaultLimit(kind) {
+		if w.wait > w.limit {
 			late = append(late, w)
 		}
 	}
@@ -101,13 +111,13 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 	}
 	r.detail("after faults: the slowest wait of an event after the faults that held it ended, by the last of them: %v", parts)
 	for _, w := range late[:min(len(late), 5)] {
-		where, limit := "no fault before it", maxAfterFault
+		where := "no fault before it"
 		if w.fault >= 0 {
 			f := faults[w.fault]
-			where, limit = fmt.Sprintf("fault #%d %s %s ended %s", w.fault+1, f.Kind, f.Detail, stamp(f.End)), afterFaultLimit(f.Kind)
+			where = fmt.Sprintf("fault #%d %s %s ended %s", w.fault+1, f.Kind, f.Detail, stamp(f.End))
 		}
 		r.problem("event %s waited %s after the faults that held it ended (%s; ready %s, published %s): more than %s",
-			w.event.ID, w.wait.Truncate(time.Millisecond), where, stamp(w.event.Ready), stamp(w.event.Publish), limit)
+			w.event.ID, w.wait.Truncate(time.Millisecond), where, stamp(w.event.Ready), stamp(w.event.Publish), w.limit)
 	}
 	if len(late) > 5 {
 		r.problem("%d events in all waited longer than their bound after the faults that held them ended", len(late))

@@ -18,11 +18,13 @@ func TestWaitsAfterFaults(t *testing.T) {
 	}
 	events := []eventTiming{
 		{ID: "calm", Ready: at(0), Publish: at(0.2)},
-		{ID: "held", Ready: at(0.5), Publish: at(4.5)},             // 0.5 s after the stall's end
-		{ID: "during", Ready: at(1.5), Publish: at(2)},             // published while held: no wait after
-		{ID: "late", Ready: at(5), Publish: at(7.5)},               // no fault: 2.5 s
-		{ID: "half-open", Ready: at(11), Publish: at(24)},          // 10 s after the blackhole
-		{ID: "half-open-too-late", Ready: at(12), Publish: at(30)}, // 16 s after it
+		{ID: "held", Ready: at(0.5), Publish: at(4.5)},               // 0.5 s after the stall's end
+		{ID: "during", Ready: at(1.5), Publish: at(2)},               // published while held: no wait after
+		{ID: "late", Ready: at(5), Publish: at(7.5)},                 // no fault: 2.5 s
+		{ID: "half-open", Ready: at(11), Publish: at(24)},            // 10 s after the blackhole
+		{ID: "half-open-too-late", Ready: at(12), Publish: at(30)},   // 16 s after it
+		{ID: "after-half-open", Ready: at(15), Publish: at(22)},      // ready after it ended, held by its after-effect
+		{ID: "long-after-half-open", Ready: at(40), Publish: at(43)}, // 3 s, long after it
 	}
 	got := map[string]afterFault{}
 	for _, w := range waitsAfterFaults(events, faults) {
@@ -34,6 +36,7 @@ func TestWaitsAfterFaults(t *testing.T) {
 	}{
 		"calm": {200 * time.Millisecond, -1}, "held": {500 * time.Millisecond, 2}, "during": {0, -1},
 		"late": {2500 * time.Millisecond, -1}, "half-open": {10 * time.Second, 1}, "half-open-too-late": {16 * time.Second, 1},
+		"after-half-open": {7 * time.Second, 1}, "long-after-half-open": {3 * time.Second, -1},
 	} {
 		if g := got[id]; g.wait != want.wait || (want.wait > 0 && g.fault != want.fault) {
 			t.Errorf("%s: wait %s after fault %d, want %s after %d", id, g.wait, g.fault, want.wait, want.fault)
@@ -47,7 +50,8 @@ func TestWaitsAfterFaults(t *testing.T) {
 		t.Errorf("worst %s, want 16s", res.WorstAfterFault)
 	}
 	problems := strings.Join(r.problems, "\n")
-	if len(r.problems) != 2 || !strings.Contains(problems, "event late ") || !strings.Contains(problems, "event half-open-too-late ") {
-		t.Errorf("problems:\n%s\nwant the late event and the one past the half-open bound", problems)
+	if len(r.problems) != 3 || !strings.Contains(problems, "event late ") || !strings.Contains(problems, "event half-open-too-late ") ||
+		!strings.Contains(problems, "event long-after-half-open ") {
+		t.Errorf("problems:\n%s\nwant the late events and the one past the half-open bound", problems)
 	}
 }
