@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tedbank/outbox/internal/pgerr"
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
 )
@@ -150,15 +151,17 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 		return err
 	}
 	if len(r.pastPIDs) > 0 {
-		// This relay's claims made under its earlier LISTEN connections are
-		// its own still: stamp them with the new pid before the other
-		// relays (or this one) take them for a dead relay's.
+		// This relay's claims and slots taken under its earlier LISTEN
+		// connections are its own still: stamp them with the new pid before
+		// the other relays (or this one) take them for a dead relay's (an
+		// earlier backend may be alive still, behind a half-open link, but
+		// only a member's pid is a live relay's: migration 0018).
 		st := queries.RelayRestamp(r.pastPIDs)
 		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 		_, err := conn.Exec(sctx, st.SQL, st.Args...)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("restamp the relay's claims: %w", err)
+			return fmt.Errorf("restamp the relay's claims and slots: %w", err)
 		}
 	}
 	r.pastPIDs = append(r.pastPIDs[max(len(r.pastPIDs)-15, 0):], pid)
@@ -203,6 +206,9 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
+				}
+				if pgerr.TimedOut(err) {
+					r.dropSilentConns("the LISTEN connection's watch timed out")
 				}
 				return fmt.Errorf("watch: %w", err)
 			}

@@ -17,8 +17,12 @@ import (
 // in the table first (the outbox of a service that has run for a while).
 // With baseline (Redis Streams only), the minimal relay (minimalrelay.go)
 // then drains the same table, emptied and filled again the same way, for
-// ratio_to_baseline.
-func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline bool) (Result, error) {
+// ratio_to_baseline. With holdHorizon, a transaction with an xid stays open
+// through each drain (a report in REPEATABLE READ, a session idle in
+// transaction after a write): PostgreSQL keeps every row version the marks
+// leave behind, and their index entries (docs/operations.md, "Backlogs
+// behind a long transaction").
+func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline, holdHorizon bool) (Result, error) {
 	s, err := e.open(ctx, "drain", int32(2*relays+4))
 	if err != nil {
 		return Result{}, err
@@ -48,6 +52,10 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 	defer wg.Wait()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	release, err := s.holdHorizon(ctx, holdHorizon)
+	if err != nil {
+		return Result{}, err
+	}
 	rssBefore, rssOK := startRSS()
 	start := time.Now()
 	for _, r := range rs {
@@ -67,9 +75,10 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 		time.Sleep(2 * time.Millisecond)
 	}
 	took := time.Since(start)
+	release()
 	res := Result{Scenario: "drain", N: n, Seconds: took.Seconds(), EventsPerS: float64(n) / took.Seconds(),
 		Settings: map[string]any{"relays": relays, "published_rows": published, "batch": batch, "partitions": e.partitions(),
-			"broker": s.broker(), "ownership": rs[0].Ownership()}}
+			"broker": s.broker(), "ownership": rs[0].Ownership(), "horizon_held": holdHorizon}}
 	stopRSS(&res, rssBefore, rssOK)
 	cancel()
 	wg.Wait()
@@ -90,7 +99,12 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 			return Result{}, err
 		}
 		m := &minimalRelay{pool: rp, rdb: s.rdb, prefix: s.prefix + "minimal.", parts: e.partitions()}
+		release, err := s.holdHorizon(ctx, holdHorizon)
+		if err != nil {
+			return Result{}, err
+		}
 		took, err := m.timeDrain(ctx, n)
+		release()
 		if err != nil {
 			return Result{}, err
 		}
@@ -130,4 +144,28 @@ func fillBacklog(ctx context.Context, s *space, n, published int) error {
 		return err
 	}
 	return nil
+}
+
+// holdHorizon, if hold, opens a transaction that holds the xmin horizon (it
+// has an xid) on a connection of its own, until the returned release.
+func (s *space) holdHorizon(ctx context.Context, hold bool) (release func(), err error) {
+	if !hold {
+		return func() {}, nil
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := conn.Begin(ctx)
+	if err == nil {
+		_, err = tx.Exec(ctx, "SELECT txid_current()")
+	}
+	if err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("hold the horizon: %w", err)
+	}
+	return func() {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		conn.Release()
+	}, nil
 }

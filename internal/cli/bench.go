@@ -38,6 +38,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 	var (
 		n, relays, batch, consumers  *int
 		published                    *int
+		holdHorizon                  = new(bool)
 		rate, dup                    *float64
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
@@ -69,6 +70,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		batch = fs.Int("batch", 500, "relay batch size")
 		published = fs.Int("published", 0, "already published rows in the table before the backlog (an outbox that has run for a while)")
 		baseline = fs.Bool("baseline", true, "also run the minimal relay (Redis Streams only) over the same table, for ratio_to_baseline")
+		holdHorizon = fs.Bool("hold-horizon", false, "keep a transaction with an xid open through the drain (a long report or an idle-in-transaction session): the row versions the marks leave stay")
 	case "consume":
 		n = fs.Int("n", 20_000, "stream entries to preload, duplicates included")
 		consumers = fs.Int("consumers", 1, "anti-fraud consumers of the group")
@@ -224,7 +226,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "latency":
 			return bench.Latency(ctx, env, *rate, *n, *mode, *baseline)
 		case "drain":
-			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published, *baseline))
+			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published, *baseline, *holdHorizon))
 		case "consume":
 			return one(bench.Consume(ctx, env, *n, *consumers, *batch, *dup, *effect, *baseline))
 		case "failover":

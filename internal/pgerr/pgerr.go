@@ -42,3 +42,12 @@ func ConnLost(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// TimedOut reports whether err is a round trip that got no answer in time
+// (a context deadline, pgconn's timeout). Its connection may be one of
+// several a half-open link left silent: they look open and swallow what is
+// sent to them, and only a timeout tells.
+func TimedOut(err error) bool {
+	return err != nil && !errors.Is(err, context.Canceled) &&
+		(errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err))
+}

@@ -33,3 +33,21 @@ func TestConnLost(t *testing.T) {
 		}
 	}
 }
+
+func TestTimedOut(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"deadline", fmt.Errorf("claim: %w", context.DeadlineExceeded), true},
+		{"cancelled", fmt.Errorf("claim: %w", context.Canceled), false},
+		{"terminated backend", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, false},
+		{"statement timeout (the server's)", &pgconn.PgError{Severity: "ERROR", Code: "57014"}, false},
+	} {
+		if got := TimedOut(c.err); got != c.want {
+			t.Errorf("%s: TimedOut(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}

@@ -1,7 +1,15 @@
 -- A relay's LISTEN connection came back (a new backend, this session): its
--- claims made under its earlier LISTEN backends @past_pids are stamped with
--- this one's pid, so that the relays do not take them for a dead relay's
--- (migration 0012). Run on the LISTEN connection, after relay_register.sql.
+-- claims and partition slots taken under its earlier LISTEN backends
+-- @past_pids are stamped with this one's pid, so that the relays do not take
+-- them for a dead relay's (migrations 0012, 0018: an earlier backend may
+-- still be alive behind a half-open link, but only a member's pid is a live
+-- relay's). Run on the LISTEN connection, in the transaction of
+-- relay_register.sql.
+WITH slots AS (
+    UPDATE outbox_relay_partitions
+       SET owner_pid = pg_backend_pid()
+     WHERE owner_pid = ANY(@past_pids::int[])
+)
 UPDATE outbox_messages
    SET claimed_pid = pg_backend_pid()
  WHERE unpublished
