@@ -65,20 +65,7 @@ func TestPartitionOwnerKilledIsTakenOverAtOnce(t *testing.T) {
 	b := f.NewRelay(f.PartitionRelayConfig("relay-b"), nil)
 	f.Run(b.Run)
 	cmd := f.OutboxCmd("", "relay", "--name", "relay-a", "--stream-prefix", f.StreamPrefix(), "--ownership", "partitions")
-	var out relaytest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("relay-a's output:\n%s", out.Bytes())
-		}
-	})
+	exited, out := startOutbox(t, cmd, "relay-a")
 	// Both the slots in the table and relay-a's log line of them: its
 	// renewal commits before it logs, and a kill in between would leave
 	// the line unwritten.

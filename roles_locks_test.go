@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -22,14 +21,7 @@ import (
 // relay awake (the wake-up protocol of migration 0006).
 func TestRelayLocksTakenByAWriterDoNoHarm(t *testing.T) {
 	f := newFixture(t)
-	roles, err := os.ReadFile("sql/roles.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Pool.Exec(f.Ctx, string(roles)); err != nil {
-		t.Fatalf("sql/roles.sql: %v", err)
-	}
-	writer, relayPool := f.asRole("outbox_writer"), f.asRole("outbox_relay")
+	writer, relayPool := f.withRoles()
 	hold := func(pool *pgxpool.Pool, sql string) *pgxpool.Conn {
 		t.Helper()
 		c, err := pool.Acquire(f.Ctx)
@@ -57,7 +49,7 @@ func TestRelayLocksTakenByAWriterDoNoHarm(t *testing.T) {
 	listener := hold(f.Pool, "LISTEN outbox_messages")
 	f.Exec("SELECT outbox_relay_busy()")
 	ctx, cancel := context.WithTimeout(f.Ctx, 5*time.Second)
-	_, err = transfer.Settle(ctx, writer, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1})
+	_, err := transfer.Settle(ctx, writer, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1})
 	cancel()
 	if err != nil {
 		t.Fatalf("settle while a writer's session holds the wake-up lock: %v", err)

@@ -43,18 +43,25 @@ func (f *fixture) asRole(role string) *pgxpool.Pool {
 	return pool
 }
 
+// withRoles runs sql/roles.sql on the fixture's database and returns pools
+// logged in as an outbox_writer and as an outbox_relay.
+func (f *fixture) withRoles() (writer, relay *pgxpool.Pool) {
+	f.T.Helper()
+	roles, err := os.ReadFile("sql/roles.sql")
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	if _, err := f.Pool.Exec(f.Ctx, string(roles)); err != nil {
+		f.T.Fatalf("sql/roles.sql: %v", err)
+	}
+	return f.asRole("outbox_writer"), f.asRole("outbox_relay")
+}
+
 // The relay and settle work under the least-privilege roles of
 // sql/roles.sql, and each role is refused what it must not do.
 func TestLeastPrivilegeRoles(t *testing.T) {
 	f := newFixture(t)
-	roles, err := os.ReadFile("sql/roles.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Pool.Exec(f.Ctx, string(roles)); err != nil {
-		t.Fatalf("sql/roles.sql: %v", err)
-	}
-	writer, relayPool := f.asRole("outbox_writer"), f.asRole("outbox_relay")
+	writer, relayPool := f.withRoles()
 
 	teds := make([]transfer.Transfer, 5)
 	for i := range teds {

@@ -172,13 +172,21 @@ func (f *fixture) waitForPartitionOf(consumer string) {
 
 // startStalling starts cmd, an outbox process armed to stop itself at a fail
 // point (OUTBOX_FAILPOINT_ACTION=stop), and returns it with a channel closed
-// when it exits; when the test ends it is continued, killed, and its output
-// (who's) shown if the test failed.
+// when it exits (startOutbox).
 func startStalling(t *testing.T, cmd *exec.Cmd, who string) (*exec.Cmd, <-chan struct{}) {
 	t.Helper()
 	cmd.Env = append(cmd.Env, failpoint.ActionEnvVar+"=stop")
-	var out relaytest.SyncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	exited, _ := startOutbox(t, cmd, who)
+	return cmd, exited
+}
+
+// startOutbox starts cmd, an outbox process, and returns a channel closed
+// when it exits and its output; when the test ends it is continued (were it
+// stopped), killed, and its output (who's) shown if the test failed.
+func startOutbox(t *testing.T, cmd *exec.Cmd, who string) (<-chan struct{}, *relaytest.SyncBuffer) {
+	t.Helper()
+	out := new(relaytest.SyncBuffer)
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +200,7 @@ func startStalling(t *testing.T, cmd *exec.Cmd, who string) (*exec.Cmd, <-chan s
 			t.Logf("%s's output:\n%s", who, out.Bytes())
 		}
 	})
-	return cmd, exited
+	return exited, out
 }
 
 // auditTimes reads anti-fraud's audit streams (an entry written with each

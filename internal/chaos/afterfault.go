@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -100,13 +101,7 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 		}
 	}
 	var parts []string
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range worst {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(worst)) {
 		parts = append(parts, fmt.Sprintf("%s %s", k, worst[k].Truncate(time.Millisecond)))
 	}
 	r.detail("after faults: the slowest wait of an event after the faults that held it ended, by the last of them: %v", parts)
