@@ -3,6 +3,9 @@ package relay
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -44,6 +47,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 			return nil
 		})
 	}
+	keepFloor := r.floor.queue(&b, time.Now())
 	b.Queue(indexedClaim)
 	queue(&b, r.own.read(token, exclude)).Query(func(rows pgx.Rows) error {
 		var err error
@@ -57,7 +61,36 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	if err := r.sendTx(ctx, &b); err != nil {
 		return nil, 0, false, fmt.Errorf("claim: %w", err)
 	}
+	if keepFloor() {
+		r.stats.floorPassedOver.Add(1)
+	}
+	if len(msgs) > 0 {
+		r.heldClaims.add(token)
+	}
 	return msgs, marked, slept, nil
+}
+
+// heldClaims is the claim tokens of the relay's latest claims that returned
+// rows: every batch it still holds is among them (a batch in flight and the
+// one whose mark rides with the next claim). A relay back on a new LISTEN
+// backend restamps those claims alone (relay_restamp.sql).
+type heldClaims struct {
+	mu     sync.Mutex
+	tokens [8]uuid.UUID
+	next   int
+}
+
+func (h *heldClaims) add(token uuid.UUID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tokens[h.next%len(h.tokens)] = token
+	h.next++
+}
+
+func (h *heldClaims) list() []uuid.UUID {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(h.tokens[:]), func(t uuid.UUID) bool { return t == uuid.Nil })
 }
 
 // queueRelayTx queues the statements that open every relay transaction:
@@ -117,6 +150,27 @@ func (r *Relay) exec(ctx context.Context, st queries.Statement) (pgconn.CommandT
 		queueRelayTx(&b)
 		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 		return r.sendTx(ctx, &b)
+	})
+	return tag, err
+}
+
+// execFrom is exec with floor's statement first (nil: none), so that st
+// reads from it (outbox_relay_read_from).
+func (r *Relay) execFrom(ctx context.Context, floor *readFloor, st queries.Statement) (pgconn.CommandTag, error) {
+	if floor == nil {
+		return r.exec(ctx, st)
+	}
+	var tag pgconn.CommandTag
+	err := r.onFresh(func() error {
+		var b pgx.Batch
+		queueRelayTx(&b)
+		keep := floor.queue(&b, time.Now())
+		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
+		if err := r.sendTx(ctx, &b); err != nil {
+			return err
+		}
+		keep()
+		return nil
 	})
 	return tag, err
 }

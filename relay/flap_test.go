@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -103,21 +104,27 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 	}
 	close(stopTrickle)
 	<-trickled
+	deadline := time.Now().Add(29 * time.Second)
 	// Every event, not as many entries: an incident between a publish and
 	// its mark publishes the event again (a duplicate, for consumers to
 	// skip), so the stream can hold as many entries as events before the
 	// last event is in.
+	var missing []string
 	outboxtest.Eventually(t, 30*time.Second, func() bool {
 		in := map[string]bool{}
 		for _, id := range f.Entries(f.Stream()) {
 			in[id] = true
 		}
+		missing = missing[:0]
 		for id := range committed {
 			if !in[id] {
-				return false
+				missing = append(missing, id)
 			}
 		}
-		return true
+		if len(missing) > 0 && time.Now().After(deadline) {
+			describeRows(t, f, missing)
+		}
+		return len(missing) == 0
 	}, "not every event reached the stream")
 
 	first := map[string]time.Time{} // event id -> its first entry's time
@@ -157,4 +164,55 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 		t.Fatalf("%d of %d events reached the stream more than %s after their commit: %v",
 			len(late), len(waits), flapBound, late)
 	}
+}
+
+// describeRows logs the outbox rows of ids, for a failure's message.
+func describeRows(t *testing.T, f *fixture, ids []string) {
+	rows, err := f.Pool.Query(f.Ctx, `SELECT id::text, seq, status, attempts, coalesce(claimed_by, ''), coalesce(last_error, ''),
+			next_attempt_at - now() FROM outbox_messages WHERE id::text = ANY($1) ORDER BY seq`, ids)
+	if err != nil {
+		t.Log(err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, status, by, lastErr string
+		var seq int64
+		var attempts int
+		var next time.Duration
+		if err := rows.Scan(&id, &seq, &status, &attempts, &by, &lastErr, &next); err != nil {
+			t.Log(err)
+			return
+		}
+		t.Logf("not in the stream: %s seq %d %s attempts %d claimed_by %q next in %s last_error %q", id, seq, status, attempts, by, next, lastErr)
+	}
+}
+
+// A claim whose reply was lost (the server committed it, then the
+// connection closed) is not the relay's to publish: it never learned of it.
+// When its LISTEN connection comes back, the relay restamps only the claims
+// it holds, and the lost one, left under its earlier backend's pid, is
+// returned to pending at once as a dead relay's. Before, the restamp took
+// it for the relay's own: it waited for its lease (30 s), which is how the
+// flapping test above once missed its bound.
+func TestAClaimWhoseReplyWasLostIsTakenOverAtOnce(t *testing.T) {
+	f := newFixture(t)
+	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
+	f.Run(r.Run)
+	var pid int32
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
+			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
+	}, "the relay is not listening")
+
+	// The lost claim: taken under the relay's name and LISTEN backend, with
+	// a token the relay never saw.
+	id := uuid.New()
+	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
+			status, claimed_at, claimed_by, claim_token, claimed_pid)
+		VALUES ($1, 'transfer', 'lost', 'x', '{}', 'lost', 'publishing', now(), 'r1', gen_random_uuid(), $2)`, id, pid)
+	f.Exec("SELECT pg_terminate_backend($1)", pid)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return slices.Contains(f.Entries(f.Stream()), id.String())
+	}, "the lost claim was not published (restamped as the relay's own, it waits for its lease)")
 }

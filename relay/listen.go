@@ -156,13 +156,16 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 		// the other relays (or this one) take them for a dead relay's (an
 		// earlier backend may be alive still, behind a half-open link, but
 		// only a member's pid is a live relay's: migration 0018).
-		st := queries.RelayRestamp(r.pastPIDs)
+		// Claims it does not know of (their reply was lost) keep the
+		// earlier pid: the reaper returns them to pending now.
+		st := queries.RelayRestamp(r.pastPIDs, r.heldClaims.list())
 		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 		_, err := conn.Exec(sctx, st.SQL, st.Args...)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("restamp the relay's claims and slots: %w", err)
 		}
+		r.bury(watchDead)
 	}
 	r.pastPIDs = append(r.pastPIDs[max(len(r.pastPIDs)-15, 0):], pid)
 	r.listenPID.Store(uint32(pid))

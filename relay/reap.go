@@ -12,16 +12,17 @@ import (
 )
 
 // stepReap returns expired claims to pending and reports how many it returned.
-func (r *Relay) stepReap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease) }
+func (r *Relay) stepReap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease, nil) }
 
-// reap returns the claims older than lease to pending.
-func (r *Relay) reap(ctx context.Context, lease time.Duration) (int, error) {
+// reap returns the claims older than lease to pending. It reads from floor
+// (nil: from the start), which only the caller's goroutine may use.
+func (r *Relay) reap(ctx context.Context, lease time.Duration, floor *readFloor) (int, error) {
 	total := 0
 	for {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.exec(sctx, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
+		tag, err := r.execFrom(sctx, floor, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)
@@ -121,7 +122,7 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 			}
 			return
 		}
-		n, err := r.reap(ctx, r.cfg.Lease)
+		n, err := r.reap(ctx, r.cfg.Lease, &r.reapFloor)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("returning the claims of relays that died failed; the reaper tries again", slog.Any("error", err))
 		}
@@ -170,7 +171,7 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
-		n, err := r.stepReap(ctx)
+		n, err := r.reap(ctx, r.cfg.Lease, &r.reapFloor)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.Warn("reaper failed", slog.Any("error", err))

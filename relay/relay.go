@@ -114,6 +114,12 @@ type Relay struct {
 	// publish timed out, and was retried smaller (drain.go). Owned by
 	// drainLoop.
 	batchCap int
+	// floor is where the claims' reads start (floor.go), owned by
+	// drainLoop; reapFloor the reaper's, owned by reapLoop.
+	floor, reapFloor readFloor
+	// heldClaims: the tokens of the latest claims (claim.go), for a
+	// restamp after the LISTEN connection came back.
+	heldClaims heldClaims
 	// brokerFailures counts batches Redis refused as a whole in a row, across
 	// drains; brokerDownUntil is when the current backoff ends.
 	brokerFailures  int
@@ -159,11 +165,14 @@ type Stats struct {
 	Polls         int64 // fallback polls
 	PollsWithWork int64 // fallback polls that found rows (missed wake-ups)
 	ListenUp      bool  // LISTEN connection currently established
+	// FloorPassedOver counts the times the read floor went past writers of
+	// the outbox open longer than a second (floor.go).
+	FloorPassedOver int64
 }
 
 type counters struct {
 	claims, claimed, published, fenced, failed, released, reaped atomic.Int64
-	notifications, polls, pollsWithWork                          atomic.Int64
+	notifications, polls, pollsWithWork, floorPassedOver         atomic.Int64
 	listenUp                                                     atomic.Bool
 }
 
@@ -253,7 +262,7 @@ func (r *Relay) Stats() Stats {
 		Claims: s.claims.Load(), Claimed: s.claimed.Load(), Published: s.published.Load(), Fenced: s.fenced.Load(),
 		Failed: s.failed.Load(), Released: s.released.Load(), Reaped: s.reaped.Load(),
 		Notifications: s.notifications.Load(), Polls: s.polls.Load(),
-		PollsWithWork: s.pollsWithWork.Load(), ListenUp: s.listenUp.Load(),
+		PollsWithWork: s.pollsWithWork.Load(), ListenUp: s.listenUp.Load(), FloorPassedOver: s.floorPassedOver.Load(),
 	}
 }
 

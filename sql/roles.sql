@@ -42,6 +42,8 @@ GRANT UPDATE (status, attempts, claimed_at, claimed_by, claim_token, claimed_pid
               published_at, stream_id, last_error, first_sent_at)
     ON outbox_messages TO outbox_relay;
 GRANT SELECT, UPDATE ON SEQUENCE outbox_relay_idle TO outbox_relay; -- outbox_relay_busy/sleep set the flag
+GRANT SELECT ON SEQUENCE outbox_messages_seq, outbox_relay_requeues TO outbox_relay; -- the read floor (migration 0019)
+GRANT USAGE ON SEQUENCE outbox_relay_requeues TO outbox_relay;                     -- a requeue counts itself (0019)
 
 GRANT outbox_relay TO outbox_admin;
 GRANT DELETE ON outbox_messages TO outbox_admin;

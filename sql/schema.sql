@@ -68,6 +68,17 @@ BEGIN
 END
 $$;
 
+-- FUNCTION outbox_messages_requeued()
+
+CREATE FUNCTION public.outbox_messages_requeued() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM nextval('outbox_relay_requeues');
+    RETURN NULL;
+END
+$$;
+
 -- FUNCTION outbox_notify_mode(text)
 
 CREATE FUNCTION public.outbox_notify_mode(mode text) RETURNS text
@@ -127,6 +138,79 @@ CREATE FUNCTION public.outbox_relay_busy(relay_pid integer) RETURNS void
     SELECT setval('outbox_relay_idle', 0);
 $$;
 
+-- FUNCTION outbox_relay_floor(bigint, bigint, text[], bigint, text[], bigint, boolean)
+
+CREATE FUNCTION public.outbox_relay_floor(INOUT floor_seq bigint, INOUT mark bigint, INOUT writers text[], INOUT hole bigint, INOUT hole_writers text[], INOUT requeues bigint, force boolean, OUT taken boolean) RETURNS record
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seen bigint := coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0);
+    open text[];
+    lowest bigint;
+BEGIN
+    floor_seq := coalesce(floor_seq, 0);
+    taken := false;
+    IF requeues IS DISTINCT FROM seen THEN
+        floor_seq := 0; mark := NULL; writers := NULL; hole := NULL; hole_writers := NULL;
+        requeues := seen;
+    END IF;
+    IF hole IS NOT NULL AND cardinality(outbox_relay_writers(hole_writers)) = 0 THEN
+        -- The writers passed over have ended: their rows are visible.
+        floor_seq := least(floor_seq, hole);
+        hole := NULL; hole_writers := NULL;
+    END IF;
+    IF mark IS NOT NULL THEN
+        open := outbox_relay_writers(writers);
+        IF cardinality(open) = 0 OR force THEN
+            IF cardinality(open) > 0 THEN
+                hole := least(hole, floor_seq);
+                hole_writers := coalesce(hole_writers, '{}') || open;
+            END IF;
+            -- A statement of its own, so a snapshot taken after the
+            -- writers were seen gone.
+            SELECT min(o.seq) INTO lowest
+              FROM outbox_messages o
+             WHERE o.unpublished
+               AND o.seq >= floor_seq;
+            floor_seq := greatest(floor_seq, least(lowest, mark + 1));
+            mark := NULL;
+        END IF;
+    END IF;
+    IF mark IS NULL THEN
+        mark := pg_sequence_last_value('outbox_messages_seq');
+        -- The writers passed over already are the hole's.
+        writers := ARRAY(SELECT unnest(outbox_relay_writers())
+                         EXCEPT SELECT unnest(coalesce(hole_writers, '{}')));
+        taken := true;
+    END IF;
+    PERFORM set_config('outbox.read_from', floor_seq::text, true),
+            set_config('outbox.keys_from', least(floor_seq, hole)::text, true),
+            set_config('outbox.requeues', requeues::text, true);
+END
+$$;
+
+-- FUNCTION outbox_relay_keys_from()
+
+CREATE FUNCTION public.outbox_relay_keys_from() RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
+                     = current_setting('outbox.requeues', true)
+                THEN coalesce(nullif(current_setting('outbox.keys_from', true), '')::bigint, 0)
+                ELSE 0 END
+$$;
+
+-- FUNCTION outbox_relay_read_from()
+
+CREATE FUNCTION public.outbox_relay_read_from() RETURNS bigint
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
+                     = current_setting('outbox.requeues', true)
+                THEN coalesce(nullif(current_setting('outbox.read_from', true), '')::bigint, 0)
+                ELSE 0 END
+$$;
+
 -- FUNCTION outbox_relay_sleep()
 
 CREATE FUNCTION public.outbox_relay_sleep() RETURNS boolean
@@ -169,6 +253,22 @@ $$;
 CREATE FUNCTION public.outbox_relay_slot(key text, slots integer) RETURNS integer
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int $$;
+
+-- FUNCTION outbox_relay_writers(text[])
+
+CREATE FUNCTION public.outbox_relay_writers(among text[] DEFAULT NULL::text[]) RETURNS text[]
+    LANGUAGE sql
+    AS $$
+    SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}')
+      FROM pg_locks l
+     WHERE l.locktype = 'relation'
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND l.relation = 'outbox_messages'::regclass
+       AND l.mode = 'RowExclusiveLock'
+       AND l.granted
+       AND l.pid IS DISTINCT FROM pg_backend_pid()
+       AND (among IS NULL OR l.virtualtransaction = ANY(among))
+$$;
 
 -- TABLE outbox_relay_members
 
@@ -269,6 +369,15 @@ CREATE TABLE public.outbox_relay_partitions (
     owner_pid integer,
     CONSTRAINT outbox_relay_partitions_slot_check CHECK ((slot >= 0))
 );
+
+-- SEQUENCE outbox_relay_requeues
+
+CREATE SEQUENCE public.outbox_relay_requeues
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 -- TABLE outbox_republished
 
@@ -390,3 +499,7 @@ CREATE TRIGGER outbox_messages_notify BEFORE INSERT ON public.outbox_messages FO
 -- TRIGGER outbox_messages outbox_messages_payload_bytes
 
 CREATE TRIGGER outbox_messages_payload_bytes BEFORE INSERT ON public.outbox_messages FOR EACH ROW WHEN ((pg_column_size(new.payload) > 8192)) EXECUTE FUNCTION public.outbox_messages_payload_bytes();
+
+-- TRIGGER outbox_messages outbox_messages_requeued
+
+CREATE TRIGGER outbox_messages_requeued AFTER UPDATE ON public.outbox_messages FOR EACH ROW WHEN (((NOT old.unpublished) AND new.unpublished)) EXECUTE FUNCTION public.outbox_messages_requeued();

@@ -294,8 +294,8 @@ func NATSStream(t testing.TB) string {
 // timing level" ("outbox_messages_notify_idle before statement"), with
 // " disabled", " replica" or " always" when it is not simply enabled; ""
 // when there is none (notify mode off). The row triggers of migrations 0015
-// (keys transfer.settled rows) and 0016 (big payloads' sizes) are not notify
-// triggers.
+// (keys transfer.settled rows), 0016 (big payloads' sizes) and 0019 (counts
+// requeues) are not notify triggers.
 func NotifyTrigger(t testing.TB, pool *pgxpool.Pool) string {
 	t.Helper()
 	var s string
@@ -307,7 +307,7 @@ func NotifyTrigger(t testing.TB, pool *pgxpool.Pool) string {
 			','), '')
 		FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
 		WHERE t.tgrelid = 'outbox_messages'::regclass AND NOT t.tgisinternal
-			AND t.tgname NOT IN ('outbox_messages_key_settled', 'outbox_messages_payload_bytes')`).Scan(&s); err != nil {
+			AND t.tgname NOT IN ('outbox_messages_key_settled', 'outbox_messages_payload_bytes', 'outbox_messages_requeued')`).Scan(&s); err != nil {
 		t.Fatal(err)
 	}
 	return s

@@ -67,7 +67,7 @@ var (
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms", "max_bytes")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
 	relayRegister            = prepare("relay_register", "relay", "lease_ms")
-	relayRestamp             = prepare("relay_restamp", "past_pids")
+	relayRestamp             = prepare("relay_restamp", "past_pids", "tokens")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
 	relayMarkSent            = prepare("relay_mark_sent", "ids")
 	relayServerKeepalive     = prepare("relay_server_keepalive", "idle_s", "interval_s", "count", "user_timeout_ms")
@@ -203,8 +203,8 @@ func RelayServerKeepalive(idleS, intervalS, count, userTimeoutMS int) Statement 
 }
 
 // RelayRestamp is queries/relay_restamp.sql.
-func RelayRestamp(pastPIDs []int32) Statement {
-	return relayRestamp.with(pastPIDs)
+func RelayRestamp(pastPIDs []int32, tokens []uuid.UUID) Statement {
+	return relayRestamp.with(pastPIDs, tokens)
 }
 
 // RelayWatch is queries/relay_watch.sql.

@@ -11,6 +11,10 @@
 -- unpublished, which keeps per-partition-key order across relays, failures
 -- and backoff (a batch holds at most one event per partition key).
 -- unpublished: the partial indexes' predicate (migration 0007).
+-- outbox_relay_read_from, outbox_relay_keys_from: the relay's floor (migration
+-- 0019), set by outbox_relay_floor earlier in the claim's transaction: rows
+-- below it are published or dead, so neither the read nor the key's check
+-- walks the index entries that marks left behind (0: from the start).
 -- first_sent_at: a row that may have reached the broker longer than the
 -- redelivery window @window_ms ago is never published again (migration 0011;
 -- the reaper marks it dead).
@@ -30,6 +34,7 @@ WITH picked AS MATERIALIZED (
     SELECT o.ctid AS tid, o.seq, coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes
       FROM outbox_messages o
      WHERE o.unpublished
+       AND o.seq >= outbox_relay_read_from()
        AND o.status = 'pending'
        AND o.next_attempt_at <= now()
        AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
@@ -39,6 +44,7 @@ WITH picked AS MATERIALIZED (
             WHERE p.aggregate_type = o.aggregate_type
               AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
               AND p.seq < o.seq
+              AND p.seq >= outbox_relay_keys_from()
               AND p.unpublished)
      ORDER BY o.seq
      LIMIT @batch

@@ -12,6 +12,9 @@
 -- The relay keeps the first row of each partition key and leaves the rest to
 -- its next read, so that a failed publish can never be overtaken by a later
 -- event of the same key published in the same pipeline.
+-- outbox_relay_read_from: the relay's floor, as in relay_claim.sql. The second
+-- NOT EXISTS reads its hole (rows of writers the floor passed over while they
+-- were open, migration 0019): empty unless there is one.
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 -- @max_bytes: of the first row of each partition key (the relay publishes
 -- no more per read), the smallest first while the payload bytes before each
@@ -29,6 +32,7 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                                coalesce(o.payload_bytes, pg_column_size(o.payload)) AS bytes
                           FROM outbox_messages o
                          WHERE o.unpublished
+                           AND o.seq >= outbox_relay_read_from()
                            AND o.status = 'pending'
                            AND o.next_attempt_at <= now()
                            AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
@@ -42,6 +46,14 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                                   AND p.aggregate_type = o.aggregate_type
                                   AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
                                   AND p.seq < o.seq)
+                           AND NOT EXISTS (
+                               SELECT 1
+                                 FROM outbox_messages p
+                                WHERE p.unpublished
+                                  AND p.aggregate_type = o.aggregate_type
+                                  AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
+                                  AND p.seq >= outbox_relay_keys_from()
+                                  AND p.seq < outbox_relay_read_from())
                          ORDER BY o.seq
                          LIMIT @batch) r) c
          WHERE c.nth = 1) f

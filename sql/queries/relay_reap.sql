@@ -4,10 +4,13 @@
 -- @batch rows. An expired lease counts as a failed
 -- attempt, so an event that keeps killing relays ends up dead after @max_attempts.
 -- Clearing claim_token fences the relay that held the claim.
+-- outbox_relay_read_from: the reaper's floor (migration 0019; relay/floor.go),
+-- 0 when its transaction did not set one.
 WITH expired AS MATERIALIZED (
     SELECT id
       FROM outbox_messages
      WHERE unpublished
+       AND seq >= outbox_relay_read_from()
        AND status = 'publishing'
        AND (claimed_at < now() - @lease_ms * interval '1 millisecond'
             OR (claimed_pid IS NOT NULL

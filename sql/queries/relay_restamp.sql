@@ -5,6 +5,13 @@
 -- still be alive behind a half-open link, but only a member's pid is a live
 -- relay's). Run on the LISTEN connection, in the transaction of
 -- relay_register.sql.
+--
+-- Of the claims, only those of the batches the relay knows it holds
+-- (@tokens, its latest claims that returned rows): a claim whose reply was
+-- lost (the connection closed after its COMMIT) is not the relay's to
+-- publish, as it does not know of it; left under the earlier pid, it is
+-- returned to pending as a dead relay's at once (the relay asks its reaper,
+-- relay/listen.go), not when its lease runs out.
 WITH slots AS (
     UPDATE outbox_relay_partitions
        SET owner_pid = pg_backend_pid()
@@ -15,3 +22,4 @@ UPDATE outbox_messages
  WHERE unpublished
    AND status = 'publishing'
    AND claimed_pid = ANY(@past_pids::int[])
+   AND claim_token = ANY(@tokens::uuid[])

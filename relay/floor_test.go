@@ -1,0 +1,243 @@
+package relay_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tedbank/outbox/admin"
+	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/relay"
+)
+
+// Backlogs behind a long transaction (migration 0019, relay/floor.go): while
+// a transaction holds the xmin horizon, the index entries the marks leave
+// stay, and a read of the oldest unpublished rows used to walk them all,
+// every time. The relay now reads from its floor. Counted, not timed: the
+// index entries the relay's own backends read (pg_stat_user_indexes, which
+// a backend flushes when it exits) over 20 single-event drains after 3,000
+// events were published: before, each of the 40 claims walked the 3,000
+// entries (about 120,000); now the first claims walk them once or twice.
+func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
+	const n, drains = 3000, 20
+	f := newFixture(t)
+	holdHorizon(t, f.Pool)
+	insertEvents(t, f.Pool, "floor", n)
+
+	// The backlog, published by a relay whose reads are not counted.
+	first, firstPool := relayOnPool(f, "floor-first")
+	if got := f.DrainAll(first); got != n {
+		t.Fatalf("published %d of %d", got, n)
+	}
+	closePool(f, firstPool, "floor-first")
+
+	before := unpublishedIndexReads(t, f.Pool)
+	r, pool := relayOnPool(f, "floor-second")
+	for range drains {
+		insertEvents(t, f.Pool, "floor", 1)
+		if got := f.DrainAll(r); got != 1 {
+			t.Fatalf("a drain published %d events, want 1", got)
+		}
+	}
+	closePool(f, pool, "floor-second")
+	read := unpublishedIndexReads(t, f.Pool) - before
+	t.Logf("%d index entries read over %d drains behind %d published rows", read, drains, n)
+	if read > 5*n {
+		t.Fatalf("%d drains read %d entries of the unpublished indexes: the reads walk the %d entries the marks left (want at most %d)",
+			drains, read, n, 5*n)
+	}
+}
+
+// A writer still open when the floor would rise keeps it below its rows:
+// committed later, its event is published at the next drain, before the
+// later event of its key.
+func TestFloorWaitsForAnOpenWriter(t *testing.T) {
+	f := newFixture(t)
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	stream := f.StreamPrefix() + "floor"
+	tx := beginWriter(t, f.Pool)
+	late := writeEvent(t, f, tx, "late")
+	for range 3 { // events of other keys, published past the open writer's row
+		insertEvents(t, f.Pool, "floor", 5)
+		f.DrainAll(r)
+	}
+	if err := tx.Commit(f.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := writeEvent(t, f, nil, "late")
+	f.DrainAll(r)
+	assertKeyOrder(t, f.FirstEntries(stream, "event_id", "aggregate_id"), "late", late, after)
+}
+
+// A writer open longer than the floor's grace is passed over, and the
+// floor comes back for its rows when it ends: published at the next drain,
+// before the later event of its key.
+func TestFloorPassesOverALongWriterAndComesBack(t *testing.T) {
+	f := newFixture(t)
+	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	stream := f.StreamPrefix() + "floor"
+	tx := beginWriter(t, f.Pool)
+	late := writeEvent(t, f, tx, "late")
+	outboxtest.Eventually(t, 30*time.Second, func() bool {
+		insertEvents(t, f.Pool, "floor", 2)
+		f.DrainAll(r)
+		return r.Stats().FloorPassedOver > 0
+	}, "the floor never passed the open writer over")
+	if err := tx.Commit(f.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := writeEvent(t, f, nil, "late")
+	f.DrainAll(r)
+	assertKeyOrder(t, f.FirstEntries(stream, "event_id", "aggregate_id"), "late", late, after)
+}
+
+// A dead event requeued below the relay's floor goes first (docs/design.md,
+// "Dead events"): the same relay, whose floor rose past it while it was
+// dead, reads it again before the later event of its key.
+func TestRequeuedBelowTheFloorGoesFirst(t *testing.T) {
+	f := newFixture(t)
+	poison := f.StreamPrefix() + "floor"
+	cfg := f.RelayConfig("r1")
+	cfg.MaxAttempts = 1
+	r := f.NewRelay(cfg, nil)
+	if err := f.Redis.Set(f.Ctx, poison, "not a stream", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e1 := writeEvent(t, f, nil, "p1")
+	f.DrainAll(r)
+	if f.Count("SELECT count(*) FROM outbox_messages WHERE id = $1 AND status = 'dead'", e1) != 1 {
+		t.Fatal("e1 did not go dead")
+	}
+	if err := f.Redis.Del(f.Ctx, poison).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e2 := writeEvent(t, f, nil, "p1")
+	for range 3 { // the floor rises past e1
+		insertEvents(t, f.Pool, "floor", 5)
+		f.DrainAll(r)
+	}
+	if res, err := admin.RetryDead(f.Ctx, f.Pool, []uuid.UUID{e1}); err != nil || len(res.Requeued) != 1 {
+		t.Fatalf("dead retry: %+v, %v", res, err)
+	}
+	e3 := writeEvent(t, f, nil, "p1")
+	f.DrainAll(r)
+	assertKeyOrder(t, f.FirstEntries(poison, "event_id", "aggregate_id"), "p1", e2, e1, e3)
+}
+
+// holdHorizon keeps a transaction with an xid open on a connection of its
+// own until the test ends.
+func holdHorizon(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err == nil {
+		_, err = tx.Exec(ctx, "SELECT txid_current()")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx); conn.Release() })
+}
+
+// insertEvents inserts n events of aggregate type typ over ten keys, with
+// plain SQL, in one transaction.
+func insertEvents(t *testing.T, pool *pgxpool.Pool, typ string, n int) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
+		SELECT $1, 'k' || (g % 10), 'x', '{}', 'k' || (g % 10) FROM generate_series(1, $2::int) g`, typ, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// beginWriter opens a transaction that the test commits; rolled back when
+// the test ends if it did not.
+func beginWriter(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// writeEvent writes an event of key key (aggregate type floor) in tx, or
+// on its own when tx is nil, and returns its id.
+func writeEvent(t *testing.T, f *fixture, tx pgx.Tx, key string) uuid.UUID {
+	t.Helper()
+	id := uuid.New()
+	const q = `INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key)
+		VALUES ($1, 'floor', $2, 'x', '{}', $2)`
+	var err error
+	if tx != nil {
+		_, err = tx.Exec(f.Ctx, q, id, key)
+	} else {
+		_, err = f.Pool.Exec(f.Ctx, q, id, key)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// relayOnPool returns relay "floor" on a pool of its own, whose backends
+// carry name as their application_name (the same relay name: a second
+// relay takes over the first one's partition leases).
+func relayOnPool(f *fixture, name string) (*relay.Relay, *pgxpool.Pool) {
+	f.T.Helper()
+	pool := f.PoolWith(map[string]string{"application_name": name})
+	return f.NewRelayWithPool(pool, f.RelayConfig("floor")), pool
+}
+
+// closePool closes pool, made by relayOnPool, and waits for its backends to
+// exit: a backend flushes its statistics as it exits.
+func closePool(f *fixture, pool *pgxpool.Pool, name string) {
+	f.T.Helper()
+	pool.Close()
+	outboxtest.Eventually(f.T, 30*time.Second, func() bool {
+		return f.Count("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name) == 0
+	}, "the backends of %s did not exit", name)
+}
+
+// unpublishedIndexReads is how many entries of the partial indexes of
+// unpublished rows the scans read, as the statistics have them.
+func unpublishedIndexReads(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+		WHERE relname = 'outbox_messages'
+		  AND indexrelname IN ('outbox_messages_unpublished', 'outbox_messages_unpublished_by_partition')`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// assertKeyOrder fails unless the events of key in entries are want, in
+// that order.
+func assertKeyOrder(t *testing.T, entries []relaytest.FirstEntry, key string, want ...uuid.UUID) {
+	t.Helper()
+	var got, wanted []string
+	for _, e := range entries {
+		if e.Key == key {
+			got = append(got, e.ID)
+		}
+	}
+	for _, id := range want {
+		wanted = append(wanted, id.String())
+	}
+	if !slices.Equal(got, wanted) {
+		t.Fatalf("key %s published %v, want %v", key, got, wanted)
+	}
+}
