@@ -19,8 +19,8 @@ import (
 // cores): a third result, latency_minimal_commit_to_stream, and the
 // first's ratio_p50_to_baseline and ratio_p99_to_baseline, when both runs'
 // writers reached the rate (latencyRatios); ratio_withheld says why not.
-func Latency(ctx context.Context, e Env, rate float64, n int, mode string, baseline bool) ([]Result, error) {
-	out, err := latency(ctx, e, rate, n, mode)
+func Latency(ctx context.Context, e Env, rate float64, n int, mode string, baseline bool, h Horizon) ([]Result, error) {
+	out, err := latency(ctx, e, rate, n, mode, h)
 	if err != nil || !baseline || e.JS != nil {
 		return out, err
 	}
@@ -136,7 +136,16 @@ func latencyMinimal(ctx context.Context, e Env, rate float64, n int) (Result, er
 	return r, nil
 }
 
-func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Result, error) {
+// Horizon is a latency run behind a held horizon: with Hold, a transaction
+// with an xid stays open from before a backlog of Behind events (aggregate
+// type "backlog", a stream of their own) is published to the end of the
+// run, so that every read meets the index entries their marks left.
+type Horizon struct {
+	Hold   bool
+	Behind int
+}
+
+func latency(ctx context.Context, e Env, rate float64, n int, mode string, h Horizon) ([]Result, error) {
 	s, err := e.open(ctx, "latency", 64)
 	if err != nil {
 		return nil, err
@@ -153,6 +162,16 @@ func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Re
 		return nil, err
 	}
 	defer f.stop()
+	release, err := s.holdHorizon(ctx, h.Hold)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if h.Hold && h.Behind > 0 {
+		if err := s.publishBehind(ctx, h.Behind); err != nil {
+			return nil, err
+		}
+	}
 	warmSlow, err := f.warmUp(ctx, rate)
 	if err != nil {
 		return nil, err
@@ -172,7 +191,10 @@ func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Re
 	}
 	settings := map[string]any{"rate": rate, "mode": modeName(mode), "relays": 1, "consumers": 1, "poll": f.relay.Config().PollInterval.String(),
 		"min_replicas": e.MinReplicas, "broker": s.broker(), "ownership": f.relay.Ownership(), "busy_rows": f.relay.Config().BusyRows,
-		"warm_up": warmUp.String()}
+		"warm_up": warmUp.String(), "horizon_held": h.Hold}
+	if h.Hold {
+		settings["behind"] = h.Behind
+	}
 	out := []Result{
 		percentiles("latency_commit_to_stream", toStream, took, settings),
 		percentiles("latency_commit_to_verdict", toVerdict, took, settings),
@@ -186,4 +208,29 @@ func latency(ctx context.Context, e Env, rate float64, n int, mode string) ([]Re
 		out[i].PollsWithWork = ptr(polls)
 	}
 	return out, nil
+}
+
+// publishBehind inserts n events of aggregate type "backlog" and waits for
+// the relay to publish them all.
+func (s *space) publishBehind(ctx context.Context, n int) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
+		SELECT 'backlog', 'b-' || (g % 1000), 'backlog.filled', jsonb_build_object('n', g), 'b-' || (g % 1000)
+		  FROM generate_series(1, $1::int) g`, n)
+	if err != nil {
+		return fmt.Errorf("insert the backlog behind the horizon: %w", err)
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var left int
+		if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM outbox_messages WHERE aggregate_type = 'backlog' AND status <> 'published'").Scan(&left); err != nil {
+			return err
+		}
+		if left == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d events of the backlog behind the horizon still unpublished after 10m", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -39,6 +39,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		n, relays, batch, consumers  *int
 		published                    *int
 		holdHorizon                  = new(bool)
+		behind                       = new(int)
 		rate, dup                    *float64
 		duration, poll, offPoll      *time.Duration
 		writersList, modesList, mode *string
@@ -64,6 +65,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		mode = fs.String("mode", "", "notify mode to switch to first: off, always or idle (default: the migrations')")
 		minReplicas = fs.Int("min-replicas", 0, "relay and consumer wait for this many Redis replicas (--min-replicas); the Redis needs them")
 		baseline = fs.Bool("baseline", true, "also run the minimal relay (Redis Streams only) on the same schedule, for ratio_p50_to_baseline and ratio_p99_to_baseline")
+		holdHorizon = fs.Bool("hold-horizon", false, "keep a transaction with an xid open from before --behind's backlog to the end of the run (a long report or an idle-in-transaction session)")
+		behind = fs.Int("behind", 100_000, "with --hold-horizon: a backlog of this many events, of an aggregate type of their own, that the relay publishes while the horizon is held, before the warm-up (the row versions its marks leave stay)")
 	case "drain":
 		n = fs.Int("n", 20_000, "backlog size")
 		relays = fs.Int("relays", 1, "relays draining it")
@@ -107,6 +110,8 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		return usagef("--n must be positive")
 	case published != nil && *published < 0:
 		return usagef("--published must not be negative")
+	case *behind < 0:
+		return usagef("--behind must not be negative")
 	case relays != nil && (*relays <= 0 || *relays > maxRelays):
 		return usagef("--relays must be between 1 and %d", maxRelays)
 	case batch != nil && (*batch <= 0 || *batch > maxBatch):
@@ -224,7 +229,7 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		case "writers":
 			return bench.Writers(ctx, env, bench.WritersConfig{Writers: writerCounts, Modes: modes, Duration: *duration, Poll: *poll, OffPoll: *offPoll})
 		case "latency":
-			return bench.Latency(ctx, env, *rate, *n, *mode, *baseline)
+			return bench.Latency(ctx, env, *rate, *n, *mode, *baseline, bench.Horizon{Hold: *holdHorizon, Behind: *behind})
 		case "drain":
 			return one(bench.Drain(ctx, env, *n, *relays, *batch, *published, *baseline, *holdHorizon))
 		case "consume":
