@@ -47,7 +47,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 			return nil
 		})
 	}
-	keepFloor := r.floor.queue(&b, time.Now())
+	keepFloor := r.floor.queue(&b, time.Now(), r.lastRead >= max(1, r.batchLimit()/2))
 	b.Queue(indexedClaim)
 	queue(&b, r.own.read(token, exclude)).Query(func(rows pgx.Rows) error {
 		var err error
@@ -64,6 +64,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	if keepFloor() {
 		r.stats.floorPassedOver.Add(1)
 	}
+	r.lastRead = len(msgs)
 	if len(msgs) > 0 {
 		r.heldClaims.add(token)
 	}
@@ -169,7 +170,7 @@ func (r *Relay) execFrom(ctx context.Context, floor *readFloor, st queries.State
 	err := r.onFresh(func() error {
 		var b pgx.Batch
 		queueRelayTx(&b)
-		keep := floor.queue(&b, time.Now())
+		keep := floor.queue(&b, time.Now(), true)
 		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 		if err := r.sendTx(ctx, &b); err != nil {
 			return err

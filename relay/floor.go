@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,7 @@ type readFloor struct {
 	requeues          *int64
 	taken             time.Time // when the candidate (mark) was taken
 	reset             time.Time // when the floor last started from 0
+	moved             time.Time // when outbox_relay_floor last ran
 }
 
 const (
@@ -38,15 +40,40 @@ const (
 	// inserted below it with a seq chosen by hand (which only the table's
 	// owner may) is published within it.
 	floorFullEvery = 30 * time.Second
+	// floorEvery is how often the floor moves while the reads return less
+	// than half a batch. outbox_relay_floor costs a transaction about
+	// 0.1 ms (pg_locks), a quarter of a fresh event's claim: between two
+	// moves the reads start where the last one left the floor, which
+	// costs them the entries of the events published meanwhile (at
+	// 200 events/s, 20 at most). A read of half a batch or more moves it
+	// every time (a backlog's marks leave a batch of entries per read), and
+	// so does every read while writers passed over are open.
+	floorEvery = 50 * time.Millisecond
 )
 
-// queue adds outbox_relay_floor to b; the claim's read, queued after it,
-// starts at the floor it returns. The returned apply keeps the new state,
-// to be called once the round trip committed; it reports whether the floor
-// passed writers over.
-func (f *readFloor) queue(b *pgx.Batch, now time.Time) (apply func() bool) {
+// queue adds outbox_relay_floor to b (or, when the floor moved less than
+// floorEvery ago, busy is false and no hole waits for its writers, only
+// the settings it would make: a hole's rows are read as soon as they
+// commit); the
+// claim's read, queued after it, starts at the floor it returns. The
+// returned apply keeps the new state, to be called once the round trip
+// committed; it reports whether the floor passed writers over.
+func (f *readFloor) queue(b *pgx.Batch, now time.Time, busy bool) (apply func() bool) {
 	if f.reset.IsZero() || now.Sub(f.reset) >= floorFullEvery {
 		*f = readFloor{reset: now}
+	}
+	if !busy && f.hole == nil && now.Sub(f.moved) < floorEvery {
+		keys := f.floor
+		if f.hole != nil {
+			keys = min(keys, *f.hole)
+		}
+		requeues := "" // no read starts above 0 before the floor moved once
+		if f.requeues != nil {
+			requeues = strconv.FormatInt(*f.requeues, 10)
+		}
+		b.Queue("SELECT set_config('outbox.read_from', $1, true), set_config('outbox.keys_from', $2, true), set_config('outbox.requeues', $3, true)",
+			strconv.FormatInt(f.floor, 10), strconv.FormatInt(keys, 10), requeues)
+		return func() bool { return false }
 	}
 	force := f.mark != nil && now.Sub(f.taken) >= floorGrace
 	next := *f
@@ -57,6 +84,7 @@ func (f *readFloor) queue(b *pgx.Batch, now time.Time) (apply func() bool) {
 			return row.Scan(&next.floor, &next.mark, &next.writers, &next.hole, &next.holeOpen, &next.requeues, &taken)
 		})
 	return func() bool {
+		next.moved = now
 		if taken {
 			next.taken = now
 		}

@@ -115,8 +115,10 @@ type Relay struct {
 	// drainLoop.
 	batchCap int
 	// floor is where the claims' reads start (floor.go), owned by
-	// drainLoop; reapFloor the reaper's, owned by reapLoop.
+	// drainLoop; reapFloor the reaper's, owned by reapLoop. lastRead is
+	// the rows the last claim returned.
 	floor, reapFloor readFloor
+	lastRead         int
 	// heldClaims: the tokens of the latest claims (claim.go), for a
 	// restamp after the LISTEN connection came back.
 	heldClaims heldClaims

@@ -144,7 +144,11 @@ CREATE FUNCTION public.outbox_relay_floor(INOUT floor_seq bigint, INOUT mark big
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    -- In this order: the sequence's last value before the writers are
+    -- read, so that a writer that drew a value up to it is among them.
     seen bigint := coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0);
+    last bigint := pg_sequence_last_value('outbox_messages_seq');
+    now_open text[] := outbox_relay_writers();
     open text[];
     lowest bigint;
 BEGIN
@@ -154,13 +158,13 @@ BEGIN
         floor_seq := 0; mark := NULL; writers := NULL; hole := NULL; hole_writers := NULL;
         requeues := seen;
     END IF;
-    IF hole IS NOT NULL AND cardinality(outbox_relay_writers(hole_writers)) = 0 THEN
+    IF hole IS NOT NULL AND NOT (hole_writers && now_open) THEN
         -- The writers passed over have ended: their rows are visible.
         floor_seq := least(floor_seq, hole);
         hole := NULL; hole_writers := NULL;
     END IF;
     IF mark IS NOT NULL THEN
-        open := outbox_relay_writers(writers);
+        open := ARRAY(SELECT w FROM unnest(writers) w WHERE w = ANY(now_open));
         IF cardinality(open) = 0 OR force THEN
             IF cardinality(open) > 0 THEN
                 hole := least(hole, floor_seq);
@@ -177,10 +181,9 @@ BEGIN
         END IF;
     END IF;
     IF mark IS NULL THEN
-        mark := pg_sequence_last_value('outbox_messages_seq');
         -- The writers passed over already are the hole's.
-        writers := ARRAY(SELECT unnest(outbox_relay_writers())
-                         EXCEPT SELECT unnest(coalesce(hole_writers, '{}')));
+        mark := last;
+        writers := ARRAY(SELECT w FROM unnest(now_open) w WHERE w <> ALL(coalesce(hole_writers, '{}')));
         taken := true;
     END IF;
     PERFORM set_config('outbox.read_from', floor_seq::text, true),
@@ -254,20 +257,21 @@ CREATE FUNCTION public.outbox_relay_slot(key text, slots integer) RETURNS intege
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int $$;
 
--- FUNCTION outbox_relay_writers(text[])
+-- FUNCTION outbox_relay_writers()
 
-CREATE FUNCTION public.outbox_relay_writers(among text[] DEFAULT NULL::text[]) RETURNS text[]
-    LANGUAGE sql
+CREATE FUNCTION public.outbox_relay_writers() RETURNS text[]
+    LANGUAGE plpgsql
     AS $$
-    SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}')
-      FROM pg_locks l
-     WHERE l.locktype = 'relation'
-       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-       AND l.relation = 'outbox_messages'::regclass
-       AND l.mode = 'RowExclusiveLock'
-       AND l.granted
-       AND l.pid IS DISTINCT FROM pg_backend_pid()
-       AND (among IS NULL OR l.virtualtransaction = ANY(among))
+BEGIN
+    RETURN ARRAY(SELECT DISTINCT l.virtualtransaction
+                   FROM pg_locks l
+                  WHERE l.locktype = 'relation'
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.relation = 'outbox_messages'::regclass
+                    AND l.mode = 'RowExclusiveLock'
+                    AND l.granted
+                    AND l.pid IS DISTINCT FROM pg_backend_pid());
+END
 $$;
 
 -- TABLE outbox_relay_members
