@@ -51,28 +51,23 @@ const (
 	floorEvery = 50 * time.Millisecond
 )
 
-// queue adds outbox_relay_floor to b (or, when the floor moved less than
-// floorEvery ago, busy is false and no hole waits for its writers, only
-// the settings it would make: a hole's rows are read as soon as they
-// commit); the
-// claim's read, queued after it, starts at the floor it returns. The
-// returned apply keeps the new state, to be called once the round trip
+// queue adds outbox_relay_floor to b, or, when the floor moved less than
+// floorEvery ago, busy is false and no hole waits for its writers (a
+// hole's rows are read as soon as they commit), only the settings it would
+// make. The claim's read, queued after it, starts at the floor it returns.
+// The returned apply keeps the new state, to be called once the round trip
 // committed; it reports whether the floor passed writers over.
 func (f *readFloor) queue(b *pgx.Batch, now time.Time, busy bool) (apply func() bool) {
 	if f.reset.IsZero() || now.Sub(f.reset) >= floorFullEvery {
 		*f = readFloor{reset: now}
 	}
 	if !busy && f.hole == nil && now.Sub(f.moved) < floorEvery {
-		keys := f.floor
-		if f.hole != nil {
-			keys = min(keys, *f.hole)
-		}
 		requeues := "" // no read starts above 0 before the floor moved once
 		if f.requeues != nil {
 			requeues = strconv.FormatInt(*f.requeues, 10)
 		}
 		b.Queue("SELECT set_config('outbox.read_from', $1, true), set_config('outbox.keys_from', $2, true), set_config('outbox.requeues', $3, true)",
-			strconv.FormatInt(f.floor, 10), strconv.FormatInt(keys, 10), requeues)
+			strconv.FormatInt(f.floor, 10), strconv.FormatInt(f.floor, 10), requeues)
 		return func() bool { return false }
 	}
 	force := f.mark != nil && now.Sub(f.taken) >= floorGrace
