@@ -150,27 +150,20 @@ const asyncCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 // exec runs one relay write with asyncCommit, in one round trip (again on a
 // fresh connection when the server closed the pooled one: onFresh).
 func (r *Relay) exec(ctx context.Context, st queries.Statement) (pgconn.CommandTag, error) {
-	var tag pgconn.CommandTag
-	err := r.onFresh(func() error {
-		var b pgx.Batch
-		queueRelayTx(&b)
-		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
-		return r.sendTx(ctx, &b)
-	})
-	return tag, err
+	return r.execFrom(ctx, nil, st)
 }
 
 // execFrom is exec with floor's statement first (nil: none), so that st
 // reads from it (outbox_relay_read_from).
 func (r *Relay) execFrom(ctx context.Context, floor *readFloor, st queries.Statement) (pgconn.CommandTag, error) {
-	if floor == nil {
-		return r.exec(ctx, st)
-	}
 	var tag pgconn.CommandTag
 	err := r.onFresh(func() error {
 		var b pgx.Batch
 		queueRelayTx(&b)
-		keep := floor.queue(&b, time.Now(), true)
+		keep := func() bool { return false }
+		if floor != nil {
+			keep = floor.queue(&b, time.Now(), true)
+		}
 		queue(&b, st).Exec(func(t pgconn.CommandTag) error { tag = t; return nil })
 		if err := r.sendTx(ctx, &b); err != nil {
 			return err

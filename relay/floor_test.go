@@ -63,44 +63,44 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 // committed later, its event is published at the next drain, before the
 // later event of its key.
 func TestFloorWaitsForAnOpenWriter(t *testing.T) {
-	f := newFixture(t)
-	r := f.NewRelay(f.RelayConfig("r1"), nil)
-	stream := f.StreamPrefix() + "floor"
-	tx := beginWriter(t, f.Pool)
-	late := writeEvent(t, f, tx, "late")
-	for range 3 { // events of other keys, published past the open writer's row
-		time.Sleep(60 * time.Millisecond) // the floor moves at most every 50 ms (floor.go)
-		insertEvents(t, f.Pool, "floor", 5)
-		f.DrainAll(r)
-	}
-	if err := tx.Commit(f.Ctx); err != nil {
-		t.Fatal(err)
-	}
-	after := writeEvent(t, f, nil, "late")
-	f.DrainAll(r)
-	assertKeyOrder(t, f.FirstEntries(stream, "event_id", "aggregate_id"), "late", late, after)
+	publishPastAnOpenWriter(t, func(f *fixture, r *relay.Relay) {
+		for range 3 { // events of other keys, published past the open writer's row
+			time.Sleep(60 * time.Millisecond) // the floor moves at most every 50 ms (floor.go)
+			insertEvents(t, f.Pool, "floor", 5)
+			f.DrainAll(r)
+		}
+	})
 }
 
 // A writer open longer than the floor's grace is passed over, and the
 // floor comes back for its rows when it ends: published at the next drain,
 // before the later event of its key.
 func TestFloorPassesOverALongWriterAndComesBack(t *testing.T) {
+	publishPastAnOpenWriter(t, func(f *fixture, r *relay.Relay) {
+		outboxtest.Eventually(t, 30*time.Second, func() bool {
+			insertEvents(t, f.Pool, "floor", 2)
+			f.DrainAll(r)
+			return r.Stats().FloorPassedOver > 0
+		}, "the floor never passed the open writer over")
+	})
+}
+
+// publishPastAnOpenWriter writes an event of key "late" in a transaction
+// left open while past publishes events of other keys with a relay, then
+// commits it, writes the key's next event, drains once, and checks that the
+// key's two events were published in their order.
+func publishPastAnOpenWriter(t *testing.T, past func(*fixture, *relay.Relay)) {
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
-	stream := f.StreamPrefix() + "floor"
 	tx := beginWriter(t, f.Pool)
 	late := writeEvent(t, f, tx, "late")
-	outboxtest.Eventually(t, 30*time.Second, func() bool {
-		insertEvents(t, f.Pool, "floor", 2)
-		f.DrainAll(r)
-		return r.Stats().FloorPassedOver > 0
-	}, "the floor never passed the open writer over")
+	past(f, r)
 	if err := tx.Commit(f.Ctx); err != nil {
 		t.Fatal(err)
 	}
 	after := writeEvent(t, f, nil, "late")
 	f.DrainAll(r)
-	assertKeyOrder(t, f.FirstEntries(stream, "event_id", "aggregate_id"), "late", late, after)
+	assertKeyOrder(t, f.FirstEntries(f.StreamPrefix()+"floor", "event_id", "aggregate_id"), "late", late, after)
 }
 
 // A dead event requeued below the relay's floor goes first (docs/design.md,

@@ -196,21 +196,22 @@ $$;
 
 CREATE FUNCTION public.outbox_relay_keys_from() RETURNS bigint
     LANGUAGE sql STABLE
-    AS $$
-    SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
-                     = current_setting('outbox.requeues', true)
-                THEN coalesce(nullif(current_setting('outbox.keys_from', true), '')::bigint, 0)
-                ELSE 0 END
-$$;
+    AS $$ SELECT outbox_relay_setting_from('outbox.keys_from') $$;
 
 -- FUNCTION outbox_relay_read_from()
 
 CREATE FUNCTION public.outbox_relay_read_from() RETURNS bigint
     LANGUAGE sql STABLE
+    AS $$ SELECT outbox_relay_setting_from('outbox.read_from') $$;
+
+-- FUNCTION outbox_relay_setting_from(text)
+
+CREATE FUNCTION public.outbox_relay_setting_from(setting text) RETURNS bigint
+    LANGUAGE sql STABLE
     AS $$
     SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
                      = current_setting('outbox.requeues', true)
-                THEN coalesce(nullif(current_setting('outbox.read_from', true), '')::bigint, 0)
+                THEN coalesce(nullif(current_setting(setting, true), '')::bigint, 0)
                 ELSE 0 END
 $$;
 

@@ -142,20 +142,19 @@ $$;
 -- outbox_relay_read_from is where the reads of rows to publish start, and
 -- outbox_relay_keys_from where their checks of a key's older rows start:
 -- 0 (everything) unless outbox_relay_floor ran in this transaction and no
--- row was requeued since. STABLE, so that a read's index scan starts there;
--- it is evaluated after the read's snapshot was taken.
-CREATE FUNCTION outbox_relay_read_from() RETURNS bigint
+-- row was requeued since (outbox_relay_setting_from, given the setting).
+-- STABLE, so that a read's index scan starts there; it is evaluated after
+-- the read's snapshot was taken.
+CREATE FUNCTION outbox_relay_setting_from(setting text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
                      = current_setting('outbox.requeues', true)
-                THEN coalesce(nullif(current_setting('outbox.read_from', true), '')::bigint, 0)
+                THEN coalesce(nullif(current_setting(setting, true), '')::bigint, 0)
                 ELSE 0 END
 $$;
 
+CREATE FUNCTION outbox_relay_read_from() RETURNS bigint
+LANGUAGE sql STABLE AS $$ SELECT outbox_relay_setting_from('outbox.read_from') $$;
+
 CREATE FUNCTION outbox_relay_keys_from() RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text
-                     = current_setting('outbox.requeues', true)
-                THEN coalesce(nullif(current_setting('outbox.keys_from', true), '')::bigint, 0)
-                ELSE 0 END
-$$;
+LANGUAGE sql STABLE AS $$ SELECT outbox_relay_setting_from('outbox.keys_from') $$;
