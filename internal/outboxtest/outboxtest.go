@@ -68,6 +68,11 @@ func run(m *testing.M) int {
 		}
 	}()
 	defer func() {
+		if templateDrop != nil {
+			_ = templateDrop(context.Background())
+		}
+	}()
+	defer func() {
 		if binDir != "" {
 			_ = os.RemoveAll(binDir)
 		}
@@ -102,16 +107,11 @@ func MainWithExamples(m *testing.M, redisPrefix string) {
 }
 
 func exampleEnv(ctx context.Context) (cleanup func(), err error) {
-	dbURL, drop, err := testenv.CreateDatabase(ctx, pgServer.URL, "examples")
+	template, err := migratedTemplate()
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		return nil, err
-	}
-	_, err = migrate.Up(ctx, pool)
-	pool.Close()
+	dbURL, drop, err := testenv.CreateDatabaseFrom(ctx, pgServer.URL, "examples", template)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +144,11 @@ func PostgresURL(t testing.TB) string {
 	if len(name) > 30 {
 		name = name[:30]
 	}
-	dbURL, drop, err := testenv.CreateDatabase(ctx, pgServer.URL, "t_"+name)
+	template, err := migratedTemplate()
+	if err != nil {
+		t.Fatalf("outboxtest: the migrated template database: %v", err)
+	}
+	dbURL, drop, err := testenv.CreateDatabaseFrom(ctx, pgServer.URL, "t_"+name, template)
 	if err != nil {
 		t.Fatalf("create test database: %v", err)
 	}
@@ -153,12 +157,55 @@ func PostgresURL(t testing.TB) string {
 			t.Errorf("drop test database: %v", err)
 		}
 	})
-	pool := newPool(t, dbURL, "outbox-test-migrate")
-	defer pool.Close()
-	if _, err := migrate.Up(ctx, pool); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
 	return dbURL
+}
+
+var (
+	templateOnce sync.Once
+	templateName string
+	templateDrop func(context.Context) error
+	templateErr  error
+)
+
+// migratedTemplate returns the name of the test binary's template database:
+// created and migrated on first use, dropped after the run. A test's
+// database is a copy of it (CREATE DATABASE ... TEMPLATE), which costs a
+// fraction of running every migration again.
+func migratedTemplate() (string, error) {
+	templateOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var dbURL string
+		dbURL, templateDrop, templateErr = testenv.CreateDatabase(ctx, pgServer.URL, "template_outbox")
+		if templateErr != nil {
+			return
+		}
+		templateName, templateErr = databaseOf(dbURL)
+		if templateErr != nil {
+			return
+		}
+		var pool *pgxpool.Pool
+		pool, templateErr = pgxpool.New(ctx, dbURL)
+		if templateErr != nil {
+			return
+		}
+		// Closed before any copy: CREATE DATABASE refuses a template that
+		// has sessions.
+		defer pool.Close()
+		if _, err := migrate.Up(ctx, pool); err != nil {
+			templateErr = fmt.Errorf("migrate: %w", err)
+		}
+	})
+	return templateName, templateErr
+}
+
+// databaseOf returns the database named in a connection URL.
+func databaseOf(dbURL string) (string, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return "", err
+	}
+	return cfg.ConnConfig.Database, nil
 }
 
 // Postgres returns a pool to a fresh, migrated database, closed and dropped

@@ -17,6 +17,13 @@ const maxIdentifier = 63
 // CreateDatabase creates a fresh uniquely named database (name starts with prefix, sanitized to [a-z0-9_], plus random suffix) on the server at adminURL
 // and returns its URL (same host/credentials/query params, path replaced). drop terminates remaining connections and drops it (DROP DATABASE ... WITH (FORCE)).
 func CreateDatabase(ctx context.Context, adminURL, prefix string) (dbURL string, drop func(context.Context) error, err error) {
+	return CreateDatabaseFrom(ctx, adminURL, prefix, "")
+}
+
+// CreateDatabaseFrom is CreateDatabase copying the database template (no
+// session may be connected to it); "" copies the server's default,
+// template1.
+func CreateDatabaseFrom(ctx context.Context, adminURL, prefix, template string) (dbURL string, drop func(context.Context) error, err error) {
 	name, err := databaseName(prefix)
 	if err != nil {
 		return "", nil, err
@@ -25,7 +32,11 @@ func CreateDatabase(ctx context.Context, adminURL, prefix string) (dbURL string,
 	if err != nil {
 		return "", nil, err
 	}
-	if err := adminExec(ctx, adminURL, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	create := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		create += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	if err := adminExec(ctx, adminURL, create); err != nil {
 		return "", nil, fmt.Errorf("testenv: create database %s: %w", name, err)
 	}
 	drop = func(ctx context.Context) error {
