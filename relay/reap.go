@@ -22,7 +22,7 @@ func (r *Relay) reap(ctx context.Context, lease time.Duration, floor *readFloor)
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.execFrom(sctx, floor, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts))
+		tag, err := r.execFrom(sctx, floor, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts, r.listenPID.Load()))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)

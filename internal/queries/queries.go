@@ -65,7 +65,7 @@ var (
 	relayOwnershipHold       = prepare("relay_ownership_hold", "mode")
 	relayOwnershipOther      = prepare("relay_ownership_other", "mode")
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms", "max_bytes")
-	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts")
+	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts", "self_pid")
 	relayRegister            = prepare("relay_register", "relay", "lease_ms")
 	relayRestamp             = prepare("relay_restamp", "past_pids", "tokens")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
@@ -288,8 +288,8 @@ func RelayRead(batch int, slots int, usableSlots []int32, inFlight []int64, wind
 }
 
 // RelayReap is queries/relay_reap.sql.
-func RelayReap(leaseMS int64, batch int, maxAttempts int) Statement {
-	return relayReap.with(leaseMS, batch, maxAttempts)
+func RelayReap(leaseMS int64, batch int, maxAttempts int, selfPID uint32) Statement {
+	return relayReap.with(leaseMS, batch, maxAttempts, int32(selfPID))
 }
 
 // RelayRelease is queries/relay_release.sql.

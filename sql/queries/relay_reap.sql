@@ -4,6 +4,12 @@
 -- @batch rows. An expired lease counts as a failed
 -- attempt, so an event that keeps killing relays ends up dead after @max_attempts.
 -- Clearing claim_token fences the relay that held the claim.
+-- @self_pid is the reaping relay's own LISTEN backend (0 while it has none):
+-- its own claims are a live relay's, whatever pg_locks says by the time this
+-- statement reads it. Without it, a relay killed right after a claim could
+-- have its own reaper statement, already on its way, return that claim as a
+-- dead relay's once the server ended the relay's LISTEN backend (harmless,
+-- but the claim looked abandoned by nobody).
 -- outbox_relay_read_from: the reaper's floor (migration 0019; relay/floor.go),
 -- 0 when its transaction did not set one.
 WITH expired AS MATERIALIZED (
@@ -14,6 +20,7 @@ WITH expired AS MATERIALIZED (
        AND status = 'publishing'
        AND (claimed_at < now() - @lease_ms * interval '1 millisecond'
             OR (claimed_pid IS NOT NULL
+                AND claimed_pid <> @self_pid
                 AND claimed_pid NOT IN (SELECT pid FROM outbox_live_relays)))
      ORDER BY seq
      LIMIT @batch
