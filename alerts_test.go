@@ -13,6 +13,7 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // alertRules is the shape of a Prometheus rule file, as far as the checks
@@ -35,6 +36,7 @@ type alertRules struct {
 func exportedMetrics() descNames {
 	names := descNames{}
 	relay.NewMetrics(names)
+	redisbroker.NewMetrics(names)
 	fraud.NewMetrics(names)
 	consumer.NewMetrics(names, "ledger", "") // the ledger example's, as outbox ledger registers them
 	names.MustRegister(relay.NewOutboxCollector(nil), fraud.NewGroupCollector(nil, "s", "g"),

@@ -23,7 +23,7 @@ import (
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/reconcile"
-	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -128,11 +128,8 @@ func TestOnRedisCluster(t *testing.T) {
 		defer node.ConfigSet(context.WithoutCancel(f.Ctx), "maxmemory-policy", "noeviction") //nolint:errcheck // the cluster ends with the test
 		ctx, cancel := context.WithTimeout(f.Ctx, 20*time.Second)
 		defer cancel()
-		r, err := relay.New(f.Pool, cc, f.RelayConfig("r1"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Run(ctx); !errors.Is(err, relay.ErrEvictingRedis) || !strings.Contains(err.Error(), opt.Addr+" allkeys-lru") {
+		r := f.NewRelayOn(f.RelayConfig("r1"), f.RedisBroker(cc, redisbroker.Config{}))
+		if err := r.Run(ctx); !errors.Is(err, redisbroker.ErrEvictingRedis) || !strings.Contains(err.Error(), opt.Addr+" allkeys-lru") {
 			t.Fatalf("relay.Run on a cluster with an evicting replica: %v, want ErrEvictingRedis naming %s", err, opt.Addr)
 		}
 		c, err := fraud.New(cc, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", Partitions: 4})
@@ -153,11 +150,8 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 	t := f.T
 	t.Helper()
 	rcfg := f.RelayConfig("r1")
-	rcfg.Partitions, rcfg.MinReplicas = f.partitions, minReplicas
-	r, err := relay.New(f.Pool, cc, rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rcfg.Partitions = f.partitions
+	r := f.NewRelayOn(rcfg, f.RedisBroker(cc, redisbroker.Config{MinReplicas: minReplicas}))
 	f.Run(r.Run)
 	var (
 		mu      sync.Mutex

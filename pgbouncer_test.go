@@ -15,6 +15,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -66,7 +67,7 @@ func TestRelayThroughPgBouncerTransactionMode(t *testing.T) {
 	cfg := f.RelayConfig("bounced")
 	cfg.BatchSize = 8 // several claims per burst: the relay goes busy and back to sleep
 	cfg.ListenConfig = f.Pool.Config().ConnConfig.Copy()
-	r, err := relay.New(pooled, f.Redis.Client, cfg)
+	r, err := relay.New(pooled, f.RedisBroker(nil, redisbroker.Config{}), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

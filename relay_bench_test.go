@@ -14,6 +14,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Benchmarks of the relay's hot path against the real servers of outboxtest
@@ -86,7 +87,11 @@ func benchRelayStep(b *testing.B, step string) {
 	}
 	defer pool.Close()
 	rdb := outboxtest.NewRedis(b)
-	r, err := relay.New(pool, timedRedis{rdb.Client, st}, relay.Config{Name: "bench", BatchSize: benchBatch,
+	rb, err := redisbroker.New(timedRedis{rdb.Client, st}, redisbroker.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := relay.New(pool, rb, relay.Config{Name: "bench", BatchSize: benchBatch,
 		StreamPrefix: rdb.Prefix + "outbox.event.", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/ledger"
-	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // The relay warns about a Redis that would lose published events on restart
@@ -33,7 +33,7 @@ func TestRedisDurabilityCheck(t *testing.T) {
 		}
 		opt, _ := redis.ParseURL(srv.URL)
 		rdb := redis.NewClient(opt)
-		got := relay.CheckRedisDurability(t.Context(), rdb)
+		got := redisbroker.CheckDurability(t.Context(), rdb)
 		_ = rdb.Close()
 		_ = srv.Close()
 		if len(got) != len(c.warns) {
@@ -80,11 +80,8 @@ func TestEvictingRedisIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(f.Ctx, 20*time.Second)
 	defer cancel()
 
-	r, err := relay.New(f.Pool, rdb, f.RelayConfig("relay"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused("relay.Run", r.Run(ctx), relay.ErrEvictingRedis)
+	r := f.NewRelayOn(f.RelayConfig("relay"), f.RedisBroker(rdb, redisbroker.Config{}))
+	refused("relay.Run", r.Run(ctx), redisbroker.ErrEvictingRedis)
 	c, err := fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1"})
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +98,7 @@ func TestEvictingRedisIsRefused(t *testing.T) {
 	}
 
 	// Allowed: they run, and the relay publishes.
-	cfg := f.RelayConfig("relay")
-	cfg.AllowEvictingRedis = true
-	r, err = relay.New(f.Pool, rdb, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r = f.NewRelayOn(f.RelayConfig("relay"), f.RedisBroker(rdb, redisbroker.Config{AllowEvictingRedis: true}))
 	f.Run(r.Run)
 	c, err = fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", AllowEvictingRedis: true})
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -396,13 +397,12 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	teds := f.Settle(50)
-	cfg := f.RelayConfig("r1")
-	cfg.StreamMaxLen = 10
-	r := f.NewRelay(cfg, nil)
+	b := f.RedisBroker(nil, redisbroker.Config{StreamMaxLen: 10})
+	r := f.NewRelayOn(f.RelayConfig("r1"), b)
 	if res, err := relaytest.DrainBatch(f.Ctx, r); err != nil || res.Published != 50 {
 		t.Fatalf("publish: %+v %v", res, err)
 	}
-	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 0 {
+	if n, err := b.TrimStream(f.Ctx, f.Stream()); err != nil || n != 0 {
 		t.Fatalf("trimmed %d (err %v) although the group has read nothing", n, err)
 	}
 
@@ -418,7 +418,7 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 		t.Fatalf("read: %v", err)
 	}
 	unacked := res[0].Messages
-	n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream())
+	n, err := b.TrimStream(f.Ctx, f.Stream())
 	if err != nil || n != 20 {
 		t.Fatalf("trimmed %d (err %v), want the 20 read and acknowledged entries", n, err)
 	}
@@ -432,7 +432,7 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 50 }, "a lagging consumer lost events to trimming")
 	f.checkEffectsOnce(teds)
 	// Once everything is acknowledged, the cap applies.
-	if _, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil {
+	if _, err := b.TrimStream(f.Ctx, f.Stream()); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.Redis.XLen(f.Ctx, f.Stream()).Val(); n != 10 {
@@ -444,9 +444,8 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 func TestRelayTrimsWhileRunning(t *testing.T) {
 	f := newFixture(t)
 	f.Run(f.consumer("c1", nil).Run) // keeps up, so everything is acknowledged
-	cfg := f.RelayConfig("r1")
-	cfg.StreamMaxLen, cfg.TrimInterval = 10, 50*time.Millisecond
-	f.Run(f.NewRelay(cfg, nil).Run)
+	b := f.RedisBroker(nil, redisbroker.Config{StreamMaxLen: 10, TrimInterval: 50 * time.Millisecond})
+	f.Run(f.NewRelayOn(f.RelayConfig("r1"), b).Run)
 	f.Settle(40)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 40 }, "events not processed")
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.Redis.XLen(f.Ctx, f.Stream()).Val() == 10 },
@@ -460,9 +459,8 @@ func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Settle(20)
-	cfg := f.RelayConfig("r1")
-	cfg.StreamRetention = time.Millisecond // everything is "old"
-	r := f.NewRelay(cfg, nil)
+	b := f.RedisBroker(nil, redisbroker.Config{StreamRetention: time.Millisecond}) // everything is "old"
+	r := f.NewRelayOn(f.RelayConfig("r1"), b)
 	if _, err := relaytest.DrainBatch(f.Ctx, r); err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +468,7 @@ func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
 		t.Fatalf("processed %d (err %v)", n, err)
 	}
 	time.Sleep(5 * time.Millisecond)
-	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 5 {
+	if n, err := b.TrimStream(f.Ctx, f.Stream()); err != nil || n != 5 {
 		t.Fatalf("trimmed %d (err %v), want only the 5 acknowledged entries", n, err)
 	}
 }

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -28,8 +30,7 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 	f := newFixture(t)
 	rdb, addReplica := replicatedRedis(t)
 	cfg := f.RelayConfig("r1")
-	cfg.MinReplicas, cfg.ReplicaTimeout = 2, 100*time.Millisecond
-	r := f.NewRelay(cfg, rdb)
+	r := f.NewRelayOn(cfg, f.RedisBroker(rdb, redisbroker.Config{MinReplicas: 2, ReplicaTimeout: 100 * time.Millisecond}))
 	teds := f.Settle(3)
 	res, err := relaytest.DrainBatch(f.Ctx, r)
 	if err != nil {
@@ -66,9 +67,14 @@ func TestRelayMarksPublishedOnlyWhatReplicasConfirmed(t *testing.T) {
 		t.Fatalf("stream holds %d entries (%v): want the 3 unconfirmed ones and the 3 confirmed", n, err)
 	}
 
-	cfg.MinReplicas = -1
-	if _, err := relay.New(f.Pool, rdb, cfg); err == nil {
+	if _, err := redisbroker.New(rdb, redisbroker.Config{MinReplicas: -1}); err == nil {
 		t.Fatal("negative MinReplicas accepted")
+	}
+	// A wait for the replicas as long as the relay's whole publish is refused.
+	b := f.RedisBroker(rdb, redisbroker.Config{MinReplicas: 1, ReplicaTimeout: time.Second})
+	cfg.PublishTimeout = time.Second
+	if _, err := relay.New(f.Pool, b, cfg); !errors.Is(err, relay.ErrConfig) {
+		t.Fatalf("a replica timeout as long as the publish timeout: %v, want ErrConfig", err)
 	}
 }
 

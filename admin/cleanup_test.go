@@ -12,6 +12,7 @@ import (
 	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -139,7 +140,11 @@ func TestCleanupIsSafeWhileARelayRuns(t *testing.T) {
 	pool := outboxtest.Postgres(t)
 	rdb := outboxtest.NewRedis(t)
 	streamPrefix := rdb.Prefix + "outbox.event."
-	r, err := relay.New(pool, rdb.Client, relay.Config{Name: "r1", StreamPrefix: streamPrefix, PollInterval: 50 * time.Millisecond, BatchSize: 20})
+	b, err := redisbroker.New(rdb.Client, redisbroker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(pool, b, relay.Config{Name: "r1", StreamPrefix: streamPrefix, PollInterval: 50 * time.Millisecond, BatchSize: 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // insert writes a pending outbox row and returns its id.
@@ -134,7 +135,11 @@ func TestRetryDeadRequeuesOnlyDeadRowsAndARelayPublishesThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := insert(t, pool, "poison", "p-1")
-	r, err := relay.New(pool, rdb.Client, relay.Config{
+	b, err := redisbroker.New(rdb.Client, redisbroker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := relay.New(pool, b, relay.Config{
 		Name: "r1", StreamPrefix: streamPrefix, PollInterval: time.Hour,
 		MaxAttempts: 1, BackoffBase: time.Hour, BackoffMax: time.Hour,
 		Ownership: relay.OwnRows, // the dead row keeps its claim, which the requeue must clear

@@ -14,6 +14,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -167,7 +168,11 @@ func (d *demo) startRelay(name string, lease time.Duration) (*runningRelay, erro
 	// The demo walks the card's path: row claims under a lease, and the
 	// reaper (scenario 2); the default ownership would lease partitions on
 	// the demo's fresh database.
-	rl, err := relay.New(d.Pool, d.viaProxy, relay.Config{
+	b, err := redisbroker.New(d.viaProxy, redisbroker.Config{Logger: d.Logger})
+	if err != nil {
+		return nil, err
+	}
+	rl, err := relay.New(d.Pool, b, relay.Config{
 		Name: name, StreamPrefix: d.StreamPrefix, Lease: lease, ReapInterval: lease / 8, Partitions: d.Partitions,
 		Ownership: relay.OwnRows, Logger: d.Logger,
 		Observer: relay.Hooks{

@@ -8,8 +8,10 @@ import (
 
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/relay/broker"
 	"github.com/tedbank/outbox/relay/entry"
 	"github.com/tedbank/outbox/relay/natsbroker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // ceWant is what each CloudEvents attribute of an event must be, from the
@@ -27,9 +29,8 @@ func ceWant(field func(string) string, source string) map[string]string {
 func TestCloudEventsAttributesOnEveryEntry(t *testing.T) {
 	f := newFixture(t)
 	f.Settle(3)
-	cfg := f.RelayConfig("r1")
-	cfg.CloudEvents = true
-	if n := f.DrainAll(f.NewRelay(cfg, nil)); n != 3 {
+	b := f.RedisBroker(nil, redisbroker.Config{CloudEvents: broker.CloudEvents{Enabled: true}})
+	if n := f.DrainAll(f.NewRelayOn(f.RelayConfig("r1"), b)); n != 3 {
 		t.Fatalf("published %d, want 3", n)
 	}
 	msgs, err := f.Redis.XRange(f.Ctx, f.Stream(), "-", "+").Result()
@@ -78,8 +79,8 @@ func TestCloudEventsHeadersOnJetStream(t *testing.T) {
 	t.Cleanup(nc.Close)
 	stream := outboxtest.NATSStream(t)
 	cfg := f.RelayConfig("r1")
-	cfg.CloudEvents, cfg.CloudEventsSource = true, "urn:tedbank:spi"
-	r, err := natsbroker.NewRelay(f.Pool, natsbroker.Config{JS: js, Stream: stream}, cfg)
+	r, err := natsbroker.NewRelay(f.Pool, natsbroker.Config{JS: js, Stream: stream,
+		CloudEvents: broker.CloudEvents{Enabled: true, Source: "urn:tedbank:spi"}}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

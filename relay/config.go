@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,10 +26,6 @@ const (
 	DefaultBackoffMax     = 5 * time.Minute
 	DefaultStreamPrefix   = "outbox.event."
 	DefaultChannel        = "outbox_messages"
-	DefaultTrimInterval   = 10 * time.Second
-	// DefaultStreamRetention: entries that every consumer group has
-	// acknowledged are trimmed once they are this old.
-	DefaultStreamRetention = time.Hour
 	// DefaultBusyPace: a busy relay does not pause between claims. With a
 	// 2 ms pace (the default before), commit → stream's p50 at 1,000 TEDs/s
 	// was 1.0 to 1.7 times what it is without, in runs of two days, and the
@@ -125,18 +119,6 @@ type Config struct {
 	ReapInterval time.Duration
 	// PublishTimeout bounds one pipelined publish. Must be shorter than Lease.
 	PublishTimeout time.Duration
-	// MinReplicas: after each publish pipeline the relay waits (Redis WAIT,
-	// on the pipeline's connection) until this many replicas have its
-	// entries, ReplicaTimeout at most. Entries not confirmed are not marked
-	// published: they are released for another try without spending an
-	// attempt, and the relay backs off as when Redis is down (a failover
-	// that promotes a replica without them cannot lose a published event;
-	// consumers dedupe the copies the retries add). 0, the default, does
-	// not wait. On a Redis Cluster client the relay pipelines each master's
-	// share of a batch on a connection to that master, and WAITs there.
-	MinReplicas int
-	// ReplicaTimeout bounds the WAIT (default min(1s, PublishTimeout/2)).
-	ReplicaTimeout time.Duration
 	// MaxAttempts is how many failed attempts make a row dead.
 	MaxAttempts int
 	// Redelivery is how long after an event may first have reached the
@@ -155,15 +137,6 @@ type Config struct {
 	StreamPrefix string
 	// Stream, when set, is the one stream every event goes to instead.
 	Stream string
-	// CloudEvents adds to every entry (and JetStream message) the event's
-	// CloudEvents 1.0 attributes in binary content mode: ce_id, ce_type,
-	// ce_source, ce_time, ce_specversion, ce_partitionkey and content-type
-	// (package relay/entry), for consumers that speak CloudEvents. Off by
-	// default; the entry's own fields are written either way.
-	CloudEvents bool
-	// CloudEventsSource is the ce_source attribute (a URI reference).
-	// Default "/outbox/<aggregate_type>".
-	CloudEventsSource string
 	// Partitions splits each stream into this many partition streams
 	// (package partition): an event goes to partition.Of(its partition key)
 	// and the stream partition.Stream(key, p, Partitions), which carries
@@ -171,29 +144,11 @@ type Config struct {
 	// agree on it (docs/operations.md says how to change it). Default 1: one
 	// stream under its plain name.
 	Partitions int
-	// StreamMaxLen and StreamRetention cap the streams this relay publishes
-	// to: entries beyond the newest StreamMaxLen (0: no cap), or older than
-	// StreamRetention, are trimmed every TrimInterval (default 10s) — but
-	// never one that a consumer group has not read or not acknowledged.
-	// When both are 0, StreamRetention is DefaultStreamRetention: streams
-	// are trimmed by acknowledged position, an hour behind. A negative
-	// StreamRetention keeps every entry (streams grow without bound).
-	StreamMaxLen    int64
-	StreamRetention time.Duration
-	TrimInterval    time.Duration
 	// Channel is the LISTEN channel the outbox trigger notifies.
 	Channel string
 	// ListenConfig is the connection used only for LISTEN. Default: the pool's
 	// connection config with application_name "<pool application_name>-listen".
 	ListenConfig *pgx.ConnConfig
-	// AllowEvictingRedis lets Run start on a Redis whose maxmemory-policy
-	// evicts keys (any but noeviction, on any node of a Redis Cluster). The
-	// relay's streams survive the volatile policies, but the consumers'
-	// dedupe markers on the same Redis do not: a relay that publishes an
-	// event again (killed between its XADD and its mark) then has it take
-	// effect twice. By default Run refuses such a Redis (ErrEvictingRedis),
-	// read from INFO, which managed services allow where they forbid CONFIG.
-	AllowEvictingRedis bool
 	// Logger receives the relay's logs. Default: slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, records the relay's Prometheus metrics.
@@ -202,6 +157,10 @@ type Config struct {
 	// published (observer.go).
 	Observer Observer
 }
+
+// WithDefaults returns c with every zero field set to its default, as New
+// runs it (Relay.Config returns the same).
+func (c Config) WithDefaults() Config { return c.withDefaults() }
 
 func (c Config) withDefaults() Config {
 	if c.Name == "" {
@@ -215,7 +174,6 @@ func (c Config) withDefaults() Config {
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.ReapInterval = cmp.Or(c.ReapInterval, c.Lease/2)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, min(DefaultPublishTimeout, c.Lease/2))
-	c.ReplicaTimeout = cmp.Or(c.ReplicaTimeout, min(time.Second, c.PublishTimeout/2))
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.BackoffBase = cmp.Or(c.BackoffBase, DefaultBackoffBase)
 	c.BackoffMax = cmp.Or(c.BackoffMax, max(DefaultBackoffMax, c.BackoffBase))
@@ -225,10 +183,6 @@ func (c Config) withDefaults() Config {
 	c.Channel = cmp.Or(c.Channel, DefaultChannel)
 	c.BusyRows = cmp.Or(c.BusyRows, DefaultBusyRows)
 	c.Partitions = cmp.Or(c.Partitions, 1)
-	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
-	if c.StreamMaxLen == 0 && c.StreamRetention == 0 {
-		c.StreamRetention = DefaultStreamRetention
-	}
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
@@ -293,18 +247,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("stream prefix %q: must match %s", c.StreamPrefix, streamPattern)
 	case !streamPattern.MatchString(c.Stream):
 		return fmt.Errorf("stream %q: must match %s", c.Stream, streamPattern)
-	case c.CloudEventsSource != "" && !c.CloudEvents:
-		return fmt.Errorf("CloudEvents source %q given with CloudEvents off: turn them on (--cloudevents) or leave the source out", c.CloudEventsSource)
-	case c.CloudEventsSource != "" && !uriReference(c.CloudEventsSource):
-		return fmt.Errorf("CloudEvents source %q: must be a URI reference without spaces (such as /bank/ted or urn:bank:ted)", c.CloudEventsSource)
 	case partition.Validate(c.Partitions) != nil:
 		return partition.Validate(c.Partitions)
-	case c.MinReplicas < 0:
-		return fmt.Errorf("min replicas %d: must not be negative", c.MinReplicas)
-	case c.MinReplicas > 0 && (c.ReplicaTimeout < time.Millisecond || c.ReplicaTimeout >= c.PublishTimeout):
-		return fmt.Errorf("replica timeout %s: must be at least 1ms and shorter than the publish timeout %s", c.ReplicaTimeout, c.PublishTimeout)
-	case c.StreamMaxLen < 0 || c.TrimInterval < 0:
-		return fmt.Errorf("stream max length and trim interval must not be negative")
 	case !channelPattern.MatchString(c.Channel):
 		return fmt.Errorf("channel %q: must match %s", c.Channel, channelPattern)
 	}
@@ -335,14 +279,4 @@ func (c Config) baseStream(aggregateType string) string {
 func (c Config) streamKey(aggregateType, partitionKey string) string {
 	n := c.Partitions
 	return partition.Stream(c.baseStream(aggregateType), partition.Of(partitionKey, n), n)
-}
-
-// uriReference reports whether s is a URI reference (RFC 3986), as
-// CloudEvents' source must be.
-func uriReference(s string) bool {
-	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		return false
-	}
-	_, err := url.Parse(s)
-	return err == nil
 }

@@ -28,44 +28,20 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
-// Streams are trimmed by default, behind what every group acknowledged;
-// an explicit cap replaces the default, and a negative retention keeps all.
-func TestConfigTrimsStreamsByDefault(t *testing.T) {
-	for _, tc := range []struct {
-		in        Config
-		maxLen    int64
-		retention time.Duration
-	}{
-		{Config{}, 0, DefaultStreamRetention},
-		{Config{StreamMaxLen: 1000}, 1000, 0},
-		{Config{StreamRetention: -1}, 0, -1},
-	} {
-		c := tc.in.withDefaults()
-		if c.StreamMaxLen != tc.maxLen || c.StreamRetention != tc.retention {
-			t.Errorf("%+v: max len %d, retention %s; want %d, %s", tc.in, c.StreamMaxLen, c.StreamRetention, tc.maxLen, tc.retention)
-		}
-		if err := tc.in.Validate(); err != nil {
-			t.Errorf("%+v: %v", tc.in, err)
-		}
-	}
-}
-
 func TestConfigValidate(t *testing.T) {
 	for name, c := range map[string]Config{
-		"negative batch":             {BatchSize: -1},
-		"huge batch":                 {BatchSize: MaxBatchSize + 1},
-		"negative lease":             {Lease: -time.Second},
-		"publish longer than lease":  {Lease: time.Second, PublishTimeout: 2 * time.Second},
-		"negative poll":              {PollInterval: -1},
-		"busy pace over a second":    {BusyPace: 2 * time.Second},
-		"negative busy rows":         {BusyRows: -1},
-		"zero attempts":              {MaxAttempts: -3},
-		"backoff inverted":           {BackoffBase: time.Minute, BackoffMax: time.Second},
-		"bad channel":                {Channel: "Outbox; DROP TABLE x"},
-		"bad stream":                 {Stream: "a b"},
-		"bad prefix":                 {StreamPrefix: "x\n"},
-		"source without cloudevents": {CloudEventsSource: "/bank/ted"},
-		"source with a space":        {CloudEvents: true, CloudEventsSource: "/bank ted"},
+		"negative batch":            {BatchSize: -1},
+		"huge batch":                {BatchSize: MaxBatchSize + 1},
+		"negative lease":            {Lease: -time.Second},
+		"publish longer than lease": {Lease: time.Second, PublishTimeout: 2 * time.Second},
+		"negative poll":             {PollInterval: -1},
+		"busy pace over a second":   {BusyPace: 2 * time.Second},
+		"negative busy rows":        {BusyRows: -1},
+		"zero attempts":             {MaxAttempts: -3},
+		"backoff inverted":          {BackoffBase: time.Minute, BackoffMax: time.Second},
+		"bad channel":               {Channel: "Outbox; DROP TABLE x"},
+		"bad stream":                {Stream: "a b"},
+		"bad prefix":                {StreamPrefix: "x\n"},
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: Validate(%+v) = %v, want an ErrConfig", name, c, err)

@@ -1,13 +1,6 @@
 package relay
 
-import (
-	"github.com/tedbank/outbox/internal/redischeck"
-	"github.com/tedbank/outbox/relay/broker"
-)
-
-// ErrEvictingRedis is wrapped by Run's error when the Redis it publishes to
-// evicts keys under memory pressure (Config.AllowEvictingRedis).
-var ErrEvictingRedis = redischeck.ErrEvicting
+import "github.com/tedbank/outbox/relay/broker"
 
 // errBrokerDown marks publish errors that the whole pipeline shared.
 var errBrokerDown = broker.ErrUnavailable

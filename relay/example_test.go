@@ -13,6 +13,7 @@ import (
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Run a relay: it publishes every committed outbox event to Redis Streams,
@@ -34,7 +35,13 @@ func ExampleRelay_Run() {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	r, err := relay.New(pool, rdb, relay.Config{
+	// Redis Streams (package natsbroker: NATS JetStream). The broker's own
+	// Config trims the streams and can wait for replicas.
+	b, err := redisbroker.New(rdb, redisbroker.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := relay.New(pool, b, relay.Config{
 		Name:         "relay-1",                     // stable across restarts
 		StreamPrefix: "example.relay.outbox.event.", // default outbox.event.
 	})

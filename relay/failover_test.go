@@ -17,6 +17,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Failover (sql/migrations/0012_relay_liveness.sql): the relays take over a
@@ -104,7 +105,7 @@ func TestClaimOfARelayWhoseListenBackendWentIsTakenOverAndFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(poolA.Close)
-	a, err := relay.New(poolA, stall, f.RowsRelayConfig("relay-a"))
+	a, err := relay.New(poolA, f.RedisBroker(stall, redisbroker.Config{}), f.RowsRelayConfig("relay-a"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func TestHalfOpenRelayIsTakenOverWhenTheServerGivesUp(t *testing.T) {
 		t.Skip(msg)
 	}
 	stall := relaytest.NewStallingRedis(f.Redis.Client)
-	a, err := relay.New(poolA, stall, f.RowsRelayConfig("relay-a"))
+	a, err := relay.New(poolA, f.RedisBroker(stall, redisbroker.Config{}), f.RowsRelayConfig("relay-a"))
 	if err != nil {
 		t.Fatal(err)
 	}

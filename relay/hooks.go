@@ -10,7 +10,4 @@ import (
 func init() {
 	hooks.RelayDrainBatch = func(ctx context.Context, r any) (any, error) { return r.(*Relay).stepDrainBatch(ctx) }
 	hooks.RelayReap = func(ctx context.Context, r any) (int, error) { return r.(*Relay).stepReap(ctx) }
-	hooks.RelayTrimStream = func(ctx context.Context, r, rdb any, stream string) (int64, error) {
-		return r.(*Relay).stepTrimStream(ctx, rdb.(Trimmer), stream)
-	}
 }

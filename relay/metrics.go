@@ -21,7 +21,6 @@ type Metrics struct {
 	released        prometheus.Counter
 	fenced          prometheus.Counter
 	reaped          prometheus.Counter
-	trimmed         prometheus.Counter
 	batchSize       prometheus.Histogram
 	batchDuration   prometheus.Histogram
 	publishDelay    prometheus.Histogram
@@ -46,8 +45,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_released_total", Help: "Claimed events given back without an attempt (Redis unavailable, shutdown)."}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_fenced_total", Help: "Events published after this relay's claim was taken over (lease expired)."}),
-		trimmed: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_relay_trimmed_total", Help: "Stream entries trimmed (all read and acknowledged by every group)."}),
 		reaped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_reaped_total", Help: "Expired claims returned to pending by this relay's reaper."}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -72,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_takeovers_total", Help: "Times this relay took over the claims or slots of relays that died (their LISTEN backend gone)."}),
 	}
-	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.trimmed, m.batchSize, m.batchDuration,
+	reg.MustRegister(m.published, m.publishFailures, m.released, m.fenced, m.reaped, m.batchSize, m.batchDuration,
 		m.publishDelay, m.listenConnected, m.notifications, m.polls, m.pollsWithWork, m.slotsHeld, m.takeovers)
 	return m
 }
@@ -138,12 +135,6 @@ func (m *Metrics) polled(withWork bool) {
 func (m *Metrics) reapedRows(n int) {
 	if m != nil {
 		m.reaped.Add(float64(n))
-	}
-}
-
-func (m *Metrics) trimmedEntries(n int64) {
-	if m != nil {
-		m.trimmed.Add(float64(n))
 	}
 }
 

@@ -45,7 +45,6 @@ func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
 		err := b.errs[i]
 		switch {
 		case err == nil:
-			r.noteStream(b.streams[i])
 			out.ok.add(m.ID, m.Seq, b.ids[i], b.leaseOf(i))
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
 		case r.broker.Unavailable(err):

@@ -15,7 +15,7 @@ import (
 // ownership is how a relay comes to own the rows it publishes: it claims
 // them (rowClaims, below: Config.Ownership OwnRows) or leases slots of
 // partition keys and reads their rows (partitionLeases, partitions.go:
-// OwnPartitions). It is chosen once: in NewWithBroker when the Config names
+// OwnPartitions). It is chosen once: in New when the Config names
 // one, else (OwnAuto) when Run starts, by the relays already running
 // (resolveOwnership). The drain asks it at each step where the two differ,
 // and is otherwise the card's path: claim, publish, mark.

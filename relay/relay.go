@@ -1,5 +1,5 @@
-// Package relay publishes committed outbox events to a broker: Redis Streams
-// (New) or any broker.Broker (NewWithBroker; NATS JetStream in natsbroker).
+// Package relay publishes committed outbox events to a broker.Broker: Redis
+// Streams (package relay/redisbroker) or NATS JetStream (relay/natsbroker).
 //
 // A Relay listens on one dedicated PostgreSQL connection for the outbox
 // trigger's NOTIFY, and drains the outbox on every notification and on a slow
@@ -25,8 +25,10 @@
 // batch.go (one batch: claim, publish through the broker, record), claim.go
 // (the claim's round trip), outcome.go and mark.go (recording
 // what the publish did), ownership.go (row claims or partition leases,
-// chosen once: partitions.go has the leases), reap.go (expired claims back to pending),
-// trim.go (stream trimming), config.go, metrics.go and errors.go.
+// chosen once: partitions.go has the leases), reap.go (expired claims back to
+// pending), floor.go (where reads start), config.go, metrics.go and
+// errors.go. The broker's own work (trimming Redis Streams) is the broker
+// package's.
 package relay
 
 import (
@@ -34,7 +36,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,10 +43,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tedbank/outbox/internal/redischeck"
 	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/relay/broker"
-	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 var tracer = tracing.Tracer("github.com/tedbank/outbox/relay")
@@ -61,23 +60,15 @@ const (
 	releaseDelay = 100 * time.Millisecond
 )
 
-// Pipeliner is what the relay needs from Redis: *redis.Client and
-// *redis.ClusterClient satisfy it.
-type Pipeliner = redisbroker.Pipeliner
-
-// Relay moves events from outbox_messages to Redis Streams.
+// Relay moves events from outbox_messages to a broker.
 type Relay struct {
 	cfg       Config
 	pool      *pgxpool.Pool
 	broker    broker.Broker
-	rdb       Pipeliner // with Redis Streams: what trimLoop trims (nil with NATS)
 	log       *slog.Logger
 	listenCfg *pgx.ConnConfig
 	wake      chan struct{}
 	stats     counters
-
-	streamsMu sync.Mutex
-	streams   map[string]bool // streams published to, for trimming
 
 	// own: how this relay owns what it publishes (ownership.go), chosen
 	// once from Config.Ownership, or when Run starts for OwnAuto; ownName
@@ -178,36 +169,20 @@ type counters struct {
 	listenUp                                                     atomic.Bool
 }
 
-// New returns a relay that claims from pool and publishes to Redis Streams
-// through rdb (package redisbroker), trimming the streams as cfg says. It
-// checks cfg but does not connect; Run does.
-func New(pool *pgxpool.Pool, rdb Pipeliner, cfg Config) (*Relay, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	eff := cfg.withDefaults()
-	b, err := redisbroker.New(rdb, redisbroker.Config{MinReplicas: eff.MinReplicas, ReplicaTimeout: eff.ReplicaTimeout,
-		CloudEvents: broker.CloudEvents{Enabled: eff.CloudEvents, Source: eff.CloudEventsSource}})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	r, err := NewWithBroker(pool, b, cfg)
-	if err != nil {
-		return nil, err
-	}
-	r.rdb = rdb
-	return r, nil
-}
-
-// NewWithBroker returns a relay that claims from pool and publishes through
-// b (package natsbroker's NewRelay is one). Trimming applies only to
-// relay.New's Redis Streams.
-func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
+// New returns a relay that claims from pool and publishes through b
+// (redisbroker.New, natsbroker.New). It checks cfg but does not connect;
+// Run does.
+func New(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if b == nil {
 		return nil, fmt.Errorf("%w: no broker", ErrConfig)
+	}
+	cfg = cfg.withDefaults()
+	if c, ok := b.(interface{ ConfirmTimeout() time.Duration }); ok && c.ConfirmTimeout() >= cfg.PublishTimeout {
+		return nil, fmt.Errorf("%w: the broker waits up to %s for its replicas: the publish timeout (%s) must be longer",
+			ErrConfig, c.ConfirmTimeout(), cfg.PublishTimeout)
 	}
 	cfg = cfg.withDefaults()
 	listenCfg := cfg.ListenConfig
@@ -239,8 +214,15 @@ func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, err
 	return r, nil
 }
 
+// NewWithBroker is New.
+//
+// Deprecated: New takes the broker.
+func NewWithBroker(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
+	return New(pool, b, cfg)
+}
+
 // Ready reports why the relay cannot do its work right now, or nil: the
-// database and Redis answer and the LISTEN connection is up.
+// database and the broker answer and the LISTEN connection is up.
 func (r *Relay) Ready(ctx context.Context) error {
 	if err := r.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
@@ -272,8 +254,10 @@ func (r *Relay) Stats() Stats {
 // releases) the batch in flight and returns nil. It returns an error only if
 // it cannot start.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.checkEviction(ctx); err != nil {
-		return err
+	if c, ok := r.broker.(broker.Checker); ok {
+		if err := c.Check(ctx); err != nil {
+			return err
+		}
 	}
 	if r.resolveOwnership(ctx) != nil {
 		return nil // stopped before it could choose (it waits for the database)
@@ -325,14 +309,14 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // services are what Run runs beside the drainer and the listener, each on
 // its goroutine until ctx ends: the reaper (reap.go: expired claims, dead
-// relays) always, the trimmer (trim.go) when the broker is Redis Streams and
-// a cap is set. (A partition owner's lease renewal is not one: it runs on
-// the drainer's goroutine, between batches, so that a slot is never given
-// back with a batch of it in flight.)
+// relays) always, and the broker's own upkeep when it has some
+// (broker.Maintainer: redisbroker trims its streams). (A partition owner's
+// lease renewal is not one: it runs on the drainer's goroutine, between
+// batches, so that a slot is never given back with a batch of it in flight.)
 func (r *Relay) services() []func(context.Context) {
 	run := []func(context.Context){r.reapLoop}
-	if t, ok := r.rdb.(Trimmer); ok && (r.cfg.StreamMaxLen > 0 || r.cfg.StreamRetention > 0) {
-		run = append(run, func(ctx context.Context) { r.trimLoop(ctx, t) })
+	if m, ok := r.broker.(broker.Maintainer); ok {
+		run = append(run, m.Maintain)
 	}
 	return run
 }
@@ -351,30 +335,4 @@ func (r *Relay) kick() {
 	case r.wake <- struct{}{}:
 	default:
 	}
-}
-
-// checkEviction refuses a Redis that evicts keys (ErrEvictingRedis) unless
-// Config.AllowEvictingRedis says otherwise. Only relay.New's Redis Streams
-// are read; a Redis it cannot read INFO from is not refused (the first
-// publish says why, if it is down).
-func (r *Relay) checkEviction(ctx context.Context) error {
-	if r.rdb == nil {
-		return nil
-	}
-	nodes, err := redischeck.Inspect(ctx, r.rdb)
-	if err != nil { // refused on what it could read, below
-		r.log.Warn("could not read the Redis eviction policy of every node", slog.Any("error", err))
-	}
-	for _, w := range durabilityWarnings(nodes) {
-		if !strings.Contains(w, "maxmemory-policy") { // refused, or allowed, below
-			r.log.Warn(w)
-		}
-	}
-	if err := redischeck.Refuse(nodes, "Config.AllowEvictingRedis (outbox relay: --allow-evicting-redis)"); err != nil {
-		if !r.cfg.AllowEvictingRedis {
-			return err
-		}
-		r.log.Warn("starting on an evicting Redis, as allowed", slog.Any("warning", err))
-	}
-	return nil
 }

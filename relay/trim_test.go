@@ -1,8 +1,10 @@
 package relay_test
 
 import (
-	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
+
+	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // A stream nobody has created a group on yet is not trimmed: its consumers
@@ -10,13 +12,12 @@ import (
 func TestTrimmingLeavesStreamsWithoutGroups(t *testing.T) {
 	f := newFixture(t)
 	f.Settle(30)
-	cfg := f.RelayConfig("r1")
-	cfg.StreamMaxLen = 5
-	r := f.NewRelay(cfg, nil)
+	b := f.RedisBroker(nil, redisbroker.Config{StreamMaxLen: 5})
+	r := f.NewRelayOn(f.RelayConfig("r1"), b)
 	if _, err := relaytest.DrainBatch(f.Ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relaytest.TrimStream(f.Ctx, r, f.Redis.Client, f.Stream()); err != nil || n != 0 {
+	if n, err := b.TrimStream(f.Ctx, f.Stream()); err != nil || n != 0 {
 		t.Fatalf("trimmed %d (err %v) from a stream with no consumer group", n, err)
 	}
 }

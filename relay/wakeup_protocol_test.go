@@ -25,6 +25,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -440,7 +441,7 @@ func TestRelayRoundTripsRaiseNoNotices(t *testing.T) {
 	defer pool.Close()
 	rcfg := f.RelayConfig("quiet")
 	rcfg.BatchSize = 2 // several claims, marks, a busy and a sleep
-	r, err := relay.New(pool, f.Redis.Client, rcfg)
+	r, err := relay.New(pool, f.RedisBroker(nil, redisbroker.Config{}), rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

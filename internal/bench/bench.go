@@ -41,6 +41,7 @@ import (
 	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/relay/natsbroker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Result is one measurement; --json prints it as one line. The fields after
@@ -201,12 +202,23 @@ func (s *space) broker() string {
 	return "redis"
 }
 
-// newRelay returns a relay of the space's broker claiming from pool.
-func (s *space) newRelay(pool *pgxpool.Pool, cfg relay.Config) (*relay.Relay, error) {
+// newRelay returns a relay of the space's broker claiming from pool (rc
+// configures Redis Streams).
+func (s *space) newRelay(pool *pgxpool.Pool, cfg relay.Config, rc redisbroker.Config) (*relay.Relay, error) {
 	if s.js != nil {
 		return natsbroker.NewRelay(pool, natsbroker.Config{JS: s.js, Stream: s.natsStream}, cfg)
 	}
-	return relay.New(pool, s.rdb, cfg)
+	return redisRelay(pool, s.rdb, cfg, rc)
+}
+
+// redisRelay returns a relay claiming from pool and publishing to rdb.
+func redisRelay(pool *pgxpool.Pool, rdb redisbroker.Pipeliner, cfg relay.Config, rc redisbroker.Config) (*relay.Relay, error) {
+	rc.Logger = cfg.Logger
+	b, err := redisbroker.New(rdb, rc)
+	if err != nil {
+		return nil, err
+	}
+	return relay.New(pool, b, cfg)
 }
 
 // newFraud returns an anti-fraud consumer reading the space's broker.

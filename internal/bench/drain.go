@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Drain measures K relays publishing a backlog of n events (inserted and
@@ -44,7 +45,7 @@ func Drain(ctx context.Context, e Env, n, relays, batch, published int, baseline
 			Name: fmt.Sprintf("bench-%d", i), StreamPrefix: s.prefix, BatchSize: batch,
 			PollInterval: 50 * time.Millisecond, Logger: e.Log, Partitions: e.partitions(), Ownership: e.Ownership,
 			BusyRows: e.BusyRows,
-		}); err != nil {
+		}, redisbroker.Config{}); err != nil {
 			return Result{}, err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // Failover settles at rate per second for d with two relays of the given
@@ -57,8 +58,8 @@ func Failover(ctx context.Context, e Env, rate float64, d time.Duration) (Result
 	defer pgProxy.Close()
 	defer rdsProxy.Close()
 	defer victimRedis.Close()
-	victim, err := relay.New(victimPool, victimRedis, relay.Config{Name: "victim", StreamPrefix: s.prefix, Logger: e.Log,
-		Ownership: e.Ownership, Partitions: e.partitions(), BusyRows: e.BusyRows})
+	victim, err := redisRelay(victimPool, victimRedis, relay.Config{Name: "victim", StreamPrefix: s.prefix, Logger: e.Log,
+		Ownership: e.Ownership, Partitions: e.partitions(), BusyRows: e.BusyRows}, redisbroker.Config{})
 	if err != nil {
 		return Result{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -51,8 +52,8 @@ func startFlow(ctx context.Context, e Env, s *space, reader bool) (*flow, error)
 	if err != nil {
 		return nil, err
 	}
-	f.relay, err = s.newRelay(rp, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, MinReplicas: e.MinReplicas, Ownership: e.Ownership,
-		Partitions: e.partitions(), BusyRows: e.BusyRows})
+	f.relay, err = s.newRelay(rp, relay.Config{Name: "bench", StreamPrefix: s.prefix, Logger: e.Log, Ownership: e.Ownership,
+		Partitions: e.partitions(), BusyRows: e.BusyRows}, redisbroker.Config{MinReplicas: e.MinReplicas})
 	if err != nil {
 		return nil, err
 	}

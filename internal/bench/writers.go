@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -105,7 +106,8 @@ func writersCase(ctx context.Context, e Env, writers int, mode string, cfg Write
 	if err != nil {
 		return Result{}, err
 	}
-	r, err := relay.New(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log, Ownership: e.Ownership, BusyRows: e.BusyRows})
+	r, err := redisRelay(rp, s.rdb, relay.Config{Name: "bench", StreamPrefix: s.prefix, PollInterval: poll, Logger: e.Log,
+		Ownership: e.Ownership, BusyRows: e.BusyRows}, redisbroker.Config{})
 	if err != nil {
 		return Result{}, err
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"flag"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -10,12 +11,18 @@ import (
 	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/traceexport"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/broker"
 	"github.com/tedbank/outbox/relay/natsbroker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 func runRelay(ctx context.Context, e *env, args []string) error {
 	var c common
-	var cfg relay.Config
+	var (
+		cfg relay.Config
+		rc  redisbroker.Config // Redis Streams
+		ce  broker.CloudEvents // either broker
+	)
 	fs := e.flags("relay", &c)
 	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
@@ -31,16 +38,16 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.Redelivery, "redelivery-window", 0, "how long after an event may first have reached the broker (unmarked) it may be published again; after it the event goes dead. 0: max-attempts × (lease + reap + publish timeout + backoff max), 58m by default. The consumers' --relay-redelivery must be at least this")
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
-	fs.BoolVar(&cfg.CloudEvents, "cloudevents", false, "also write each event's CloudEvents 1.0 attributes, binary mode: ce_id, ce_type, ce_source, ce_time, ce_specversion, ce_partitionkey, content-type (and the NATS binding's ce-* headers on JetStream)")
-	fs.StringVar(&cfg.CloudEventsSource, "cloudevents-source", "", "the ce_source attribute with --cloudevents (default /outbox/<aggregate_type>)")
-	fs.Int64Var(&cfg.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
-	fs.DurationVar(&cfg.StreamRetention, "stream-retention", relay.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
+	fs.BoolVar(&ce.Enabled, "cloudevents", false, "also write each event's CloudEvents 1.0 attributes, binary mode: ce_id, ce_type, ce_source, ce_time, ce_specversion, ce_partitionkey, content-type (and the NATS binding's ce-* headers on JetStream)")
+	fs.StringVar(&ce.Source, "cloudevents-source", "", "the ce_source attribute with --cloudevents (default /outbox/<aggregate_type>)")
+	fs.Int64Var(&rc.StreamMaxLen, "stream-maxlen", 0, "cap each stream near this many entries, never trimming what a consumer group still needs (0 = no cap)")
+	fs.DurationVar(&rc.StreamRetention, "stream-retention", redisbroker.DefaultStreamRetention, "trim entries older than this that every consumer group has acknowledged, never what a group still needs (0 = keep every entry; with --stream-maxlen alone, no age cap)")
 	minReplicas := minReplicasFlag(e, fs, "mark an event published only once this many Redis replicas have its entry (WAIT); unconfirmed entries are retried without spending an attempt")
 	partitions := partitionsFlag(e, fs, "split each stream into this many partition streams, by partition key (the sender account for TEDs)")
 	allowEvicting := allowEvictingFlag(e, fs)
-	fs.DurationVar(&cfg.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
+	fs.DurationVar(&rc.ReplicaTimeout, "replica-timeout", 0, "longest wait for --min-replicas per publish (default min(1s, publish timeout/2))")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz and /readyz on this address, e.g. :9464 (off when empty)")
-	broker := brokerFlags(e, fs)
+	brokerFlag := brokerFlags(e, fs)
 	natsStream, natsDuplicates, natsMaxAge := natsStreamFlags(fs)
 	listenURL := fs.String("listen-database-url", e.getenv("LISTEN_DATABASE_URL"),
 		"PostgreSQL URL of the LISTEN connection, when --database-url goes through a pooler in transaction mode: a direct or session-pooled connection (env LISTEN_DATABASE_URL; default --database-url)")
@@ -51,10 +58,10 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := broker.check(); err != nil {
+	if err := brokerFlag.check(); err != nil {
 		return err
 	}
-	if broker.nats() {
+	if brokerFlag.nats() {
 		for _, redisOnly := range []string{"min-replicas", "replica-timeout", "stream-maxlen", "stream-retention", "redis-cluster"} {
 			if isSet(fs, redisOnly) {
 				return usagef("--%s is about Redis Streams: not with --broker nats (the JetStream stream's --nats-max-age bounds it)", redisOnly)
@@ -69,13 +76,13 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if cfg.BatchSize <= 0 || cfg.BatchBytes <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.BusyRows <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
 		return usagef("--batch, --batch-bytes, --lease, --poll, --max-attempts and --busy-rows must be positive, --publish-timeout and --busy-pace not negative")
 	}
-	if cfg.MinReplicas, err = minReplicas(); err != nil {
+	if rc.MinReplicas, err = minReplicas(); err != nil {
 		return err
 	}
 	if cfg.Partitions, err = partitions(); err != nil {
 		return err
 	}
-	if cfg.AllowEvictingRedis, err = allowEvicting(); err != nil {
+	if rc.AllowEvictingRedis, err = allowEvicting(); err != nil {
 		return err
 	}
 	cfg.BusyPace = *busyPace
@@ -83,15 +90,26 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		cfg.BusyPace = -1 // never
 	}
 	switch {
-	case cfg.StreamRetention < 0 || cfg.StreamMaxLen < 0:
+	case rc.StreamRetention < 0 || rc.StreamMaxLen < 0:
 		return usagef("--stream-retention and --stream-maxlen must not be negative")
-	case cfg.StreamRetention == 0, cfg.StreamMaxLen > 0 && !isSet(fs, "stream-retention"), broker.nats():
-		cfg.StreamRetention = -1 // no age cap (relay.Config: negative); on NATS the stream's MaxAge applies
+	case rc.StreamRetention == 0, rc.StreamMaxLen > 0 && !isSet(fs, "stream-retention"):
+		rc.StreamRetention = -1 // no age cap (redisbroker.Config: negative)
 	}
-	cfg.Logger = log
+	cfg.Logger, rc.Logger = log, log
 	if err := cfg.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
+	if err := ce.Validate(); err != nil {
+		return usageError{fmt.Sprintf("%v: %v", relay.ErrConfig, err)}
+	}
+	publishTimeout := cfg.WithDefaults().PublishTimeout
+	switch {
+	case rc.ReplicaTimeout == 0:
+		rc.ReplicaTimeout = min(time.Second, publishTimeout/2)
+	case rc.MinReplicas > 0 && (rc.ReplicaTimeout < time.Millisecond || rc.ReplicaTimeout >= publishTimeout):
+		return usagef("--replica-timeout %s: must be at least 1ms and shorter than the publish timeout %s", rc.ReplicaTimeout, publishTimeout)
+	}
+	rc.CloudEvents = ce
 
 	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
 	if err != nil {
@@ -99,14 +117,15 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	}
 	defer connect.ClosePool(pool, 3*time.Second)
 	var newRelay func() (*relay.Relay, error)
-	if broker.nats() {
-		nc, js, err := broker.connect("outbox-relay")
+	if brokerFlag.nats() {
+		nc, js, err := brokerFlag.connect("outbox-relay")
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
 		newRelay = func() (*relay.Relay, error) {
-			return natsbroker.NewRelay(pool, natsbroker.Config{JS: js, Stream: *natsStream, Duplicates: *natsDuplicates, MaxAge: *natsMaxAge}, cfg)
+			return natsbroker.NewRelay(pool, natsbroker.Config{JS: js, Stream: *natsStream, Duplicates: *natsDuplicates,
+				MaxAge: *natsMaxAge, CloudEvents: ce}, cfg)
 		}
 	} else {
 		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
@@ -114,7 +133,13 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		defer rdb.Close()
-		newRelay = func() (*relay.Relay, error) { return relay.New(pool, rdb, cfg) }
+		newRelay = func() (*relay.Relay, error) {
+			b, err := redisbroker.New(rdb, rc)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", relay.ErrConfig, err)
+			}
+			return relay.New(pool, b, cfg)
+		}
 	}
 	stopTracing, err := traceexport.Setup(ctx, "outbox-relay", log)
 	if err != nil {
@@ -124,6 +149,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	reg := metrics.NewRegistry()
 	if *metricsAddr != "" {
 		cfg.Metrics = relay.NewMetrics(reg)
+		if !brokerFlag.nats() {
+			rc.Metrics = redisbroker.NewMetrics(reg)
+		}
 		reg.MustRegister(relay.NewOutboxCollector(pool))
 	}
 	r, err := newRelay()

@@ -99,6 +99,9 @@ func TestLibraryFootprint(t *testing.T) {
 	// does not.
 	noNATS := []string{"", "transfer", "relay", "relay/broker", "relay/redisbroker",
 		"consumer", "consumer/source", "consumer/inbox", "fraud", "ledger", "admin", "admin/dlq", "reconcile"}
+	// The relay knows brokers by their seam (relay/broker): a service on
+	// NATS links no Redis client.
+	noRedis := []string{"relay", "relay/broker", "relay/natsbroker", "relay/entry", "partition", "transfer", "transfer/settled"}
 	forbidden := []struct{ prefix, why string }{
 		{"go.opentelemetry.io/otel/sdk", "the OpenTelemetry SDK is the service's choice"},
 		{"go.opentelemetry.io/otel/exporters", "exporters are set up by the command (internal/traceexport)"},
@@ -128,10 +131,14 @@ func TestLibraryFootprint(t *testing.T) {
 	}
 	for _, line := range lines {
 		f := strings.Fields(line)
-		natsFree := slices.Contains(noNATS, strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/"))
+		rel := strings.TrimPrefix(strings.TrimPrefix(f[0], module), "/")
+		natsFree, redisFree := slices.Contains(noNATS, rel), slices.Contains(noRedis, rel)
 		for _, d := range f[1:] {
 			if natsFree && strings.HasPrefix(d, "github.com/nats-io/") {
 				t.Errorf("%s links %s: only relay/natsbroker and consumer/natssource link the NATS client", f[0], d)
+			}
+			if redisFree && strings.HasPrefix(d, "github.com/redis/") {
+				t.Errorf("%s links %s: the relay reaches Redis only through relay/redisbroker", f[0], d)
 			}
 			for _, bad := range forbidden {
 				if strings.HasPrefix(d, bad.prefix) {

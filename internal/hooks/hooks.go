@@ -1,6 +1,5 @@
 // Package hooks reaches single steps of the relay and the consumer that are
-// not part of their API: one batch drained, one reaper pass, one trim, one
-// read. The project's tests drive a relay or a consumer by hand with them
+// not part of their API: one batch drained, one reaper pass, one read. The project's tests drive a relay or a consumer by hand with them
 // (through internal/relaytest and internal/consumertest); a service runs Run.
 // The packages set the functions when they are initialized; the values are
 // *relay.Relay and *consumer.Consumer, which this package cannot name.
@@ -15,9 +14,6 @@ var (
 	RelayDrainBatch func(ctx context.Context, r any) (any, error)
 	// RelayReap returns expired claims to pending: how many.
 	RelayReap func(ctx context.Context, r any) (int, error)
-	// RelayTrimStream trims one stream (rdb is a relay.Trimmer): how many
-	// entries it removed.
-	RelayTrimStream func(ctx context.Context, r, rdb any, stream string) (int64, error)
 )
 
 // The consumer's steps (package consumer sets them), Redis Streams only,

@@ -13,6 +13,8 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/broker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 )
 
 // RelayConfig is a relay of this fixture, polling only every ten minutes
@@ -43,13 +45,29 @@ func (f *Fixture) PartitionRelayConfig(name string) relay.Config {
 }
 
 // NewRelay returns a relay on the fixture's pool publishing to rdb (nil: the
-// fixture's Redis).
-func (f *Fixture) NewRelay(cfg relay.Config, rdb relay.Pipeliner) *relay.Relay {
+// fixture's Redis) through a redisbroker of its defaults.
+func (f *Fixture) NewRelay(cfg relay.Config, rdb redisbroker.Pipeliner) *relay.Relay {
+	f.T.Helper()
+	return f.NewRelayOn(cfg, f.RedisBroker(rdb, redisbroker.Config{}))
+}
+
+// RedisBroker returns a broker publishing to rdb (nil: the fixture's Redis).
+func (f *Fixture) RedisBroker(rdb redisbroker.Pipeliner, cfg redisbroker.Config) *redisbroker.Broker {
 	f.T.Helper()
 	if rdb == nil {
 		rdb = f.Redis.Client
 	}
-	r, err := relay.New(f.Pool, rdb, cfg)
+	b, err := redisbroker.New(rdb, cfg)
+	if err != nil {
+		f.T.Fatal(err)
+	}
+	return b
+}
+
+// NewRelayOn returns a relay on the fixture's pool publishing through b.
+func (f *Fixture) NewRelayOn(cfg relay.Config, b broker.Broker) *relay.Relay {
+	f.T.Helper()
+	r, err := relay.New(f.Pool, b, cfg)
 	if err != nil {
 		f.T.Fatal(err)
 	}
@@ -59,7 +77,7 @@ func (f *Fixture) NewRelay(cfg relay.Config, rdb relay.Pipeliner) *relay.Relay {
 // NewRelayWithPool returns a relay on pool publishing to the fixture's Redis.
 func (f *Fixture) NewRelayWithPool(pool *pgxpool.Pool, cfg relay.Config) *relay.Relay {
 	f.T.Helper()
-	r, err := relay.New(pool, f.Redis.Client, cfg)
+	r, err := relay.New(pool, f.RedisBroker(nil, redisbroker.Config{}), cfg)
 	if err != nil {
 		f.T.Fatal(err)
 	}

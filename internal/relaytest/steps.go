@@ -18,9 +18,3 @@ func DrainBatch(ctx context.Context, r *relay.Relay) (relay.BatchResult, error) 
 // Reap returns expired claims to pending, as one pass of the relay's
 // reaper: how many it returned.
 func Reap(ctx context.Context, r *relay.Relay) (int, error) { return hooks.RelayReap(ctx, r) }
-
-// TrimStream trims stream as one pass of the relay's trimmer: how many
-// entries it removed.
-func TrimStream(ctx context.Context, r *relay.Relay, rdb relay.Trimmer, stream string) (int64, error) {
-	return hooks.RelayTrimStream(ctx, r, rdb, stream)
-}

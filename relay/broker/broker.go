@@ -5,7 +5,7 @@
 // the broker's id of it), refused one by one (an attempt counted, retried
 // with backoff), or refused because the broker as a whole is unavailable (no
 // attempt counted; the relay backs off and retries the batch). Redis Streams
-// (package relay/redisbroker, the default of relay.New) and NATS JetStream
+// (package relay/redisbroker) and NATS JetStream
 // (package relay/natsbroker) are the two implementations; the relay's tests
 // and the conformance suite (internal/conformance) run against each.
 package broker
@@ -13,6 +13,9 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -70,6 +73,20 @@ type Preparer interface {
 	Prepare(ctx context.Context) error
 }
 
+// Checker is a Broker with conditions to check before the relay starts
+// (redisbroker refuses a Redis that evicts keys): relay.Run returns Check's
+// error without starting.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// Maintainer is a Broker with background work beside the publishing
+// (redisbroker trims its streams): relay.Run runs Maintain on a goroutine of
+// its own until ctx ends.
+type Maintainer interface {
+	Maintain(ctx context.Context)
+}
+
 // ErrUnavailable marks errors that mean the broker as a whole is unavailable.
 var ErrUnavailable = errors.New("broker unavailable")
 
@@ -116,6 +133,27 @@ type CloudEvents struct {
 	Enabled bool
 	// Source is the ce_source attribute; empty: "/outbox/<aggregate_type>".
 	Source string
+}
+
+// Validate reports a CloudEvents setting that cannot work.
+func (c CloudEvents) Validate() error {
+	switch {
+	case c.Source != "" && !c.Enabled:
+		return fmt.Errorf("CloudEvents source %q given with CloudEvents off: turn them on (--cloudevents) or leave the source out", c.Source)
+	case c.Source != "" && !uriReference(c.Source):
+		return fmt.Errorf("CloudEvents source %q: must be a URI reference without spaces (such as /bank/ted or urn:bank:ted)", c.Source)
+	}
+	return nil
+}
+
+// uriReference reports whether s is a URI reference (RFC 3986), as
+// CloudEvents' source must be.
+func uriReference(s string) bool {
+	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return false
+	}
+	_, err := url.Parse(s)
+	return err == nil
 }
 
 // Attribute is one CloudEvents attribute, named without a prefix ("id").

@@ -64,14 +64,11 @@ func NewRelay(pool *pgxpool.Pool, c Config, rc relay.Config) (*relay.Relay, erro
 		rc.StreamPrefix = relay.DefaultStreamPrefix
 	}
 	c.SubjectPrefix = rc.StreamPrefix
-	if rc.CloudEvents {
-		c.CloudEvents = broker.CloudEvents{Enabled: true, Source: rc.CloudEventsSource}
-	}
 	b, err := New(c)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", relay.ErrConfig, err)
 	}
-	return relay.NewWithBroker(pool, b, rc)
+	return relay.New(pool, b, rc)
 }
 
 // Broker publishes to NATS JetStream.
@@ -98,6 +95,9 @@ func New(c Config) (*Broker, error) {
 	stream := natsjs.Stream{Name: c.Stream, SubjectPrefix: c.SubjectPrefix, Duplicates: c.Duplicates,
 		MaxAge: c.MaxAge, Replicas: c.Replicas}
 	if err := stream.Validate(); err != nil {
+		return nil, err
+	}
+	if err := c.CloudEvents.Validate(); err != nil {
 		return nil, err
 	}
 	return &Broker{js: c.JS, stream: stream, name: cmp.Or(c.Stream, natsjs.DefaultStream), ce: c.CloudEvents}, nil

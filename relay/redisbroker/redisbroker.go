@@ -1,12 +1,19 @@
 // Package redisbroker publishes a relay's events to Redis Streams: an XADD
-// per event, a batch in one pipeline. It is the broker of relay.New; a
-// service that builds its relay with relay.NewWithBroker can use it directly.
+// per event, a batch in one pipeline, optionally confirmed by replicas. It
+// trims the streams it published to (Maintain, which the relay runs) and
+// refuses a Redis that evicts keys (Check, when the relay starts):
+//
+//	b, err := redisbroker.New(rdb, redisbroker.Config{})
+//	...
+//	r, err := relay.New(pool, b, relay.Config{})
 package redisbroker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -24,18 +31,60 @@ type Pipeliner interface {
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
-// Config says how the broker confirms a publish.
+// Defaults for the zero fields of Config.
+const (
+	DefaultTrimInterval = 10 * time.Second
+	// DefaultStreamRetention: entries that every consumer group has
+	// acknowledged are trimmed once they are this old.
+	DefaultStreamRetention = time.Hour
+	// DefaultReplicaTimeout bounds the WAIT of Config.MinReplicas.
+	DefaultReplicaTimeout = time.Second
+)
+
+// Config says how the broker confirms a publish and keeps its streams.
 type Config struct {
-	// MinReplicas: after each pipeline the broker waits (Redis WAIT, on the
-	// pipeline's connection; on a cluster, one per master) for this many
-	// replicas to have the entries, ReplicaTimeout at most. Entries not
-	// confirmed are reported ErrNotReplicated (the broker unavailable).
+	// MinReplicas: after each publish pipeline the broker waits (Redis WAIT,
+	// on the pipeline's connection) until this many replicas have its
+	// entries, ReplicaTimeout at most. Entries not confirmed are reported
+	// ErrNotReplicated (the broker unavailable): the relay does not mark
+	// them published but releases them for another try without spending an
+	// attempt, and backs off as when Redis is down (a failover that promotes
+	// a replica without them cannot lose a published event; consumers
+	// dedupe the copies the retries add). 0, the default, does not wait. On
+	// a Redis Cluster client the broker pipelines each master's share of a
+	// batch on a connection to that master, and WAITs there.
 	MinReplicas int
-	// ReplicaTimeout bounds the WAIT. Required with MinReplicas.
+	// ReplicaTimeout bounds the WAIT (default DefaultReplicaTimeout); the
+	// relay requires it shorter than its publish timeout.
 	ReplicaTimeout time.Duration
 	// CloudEvents adds each event's CloudEvents attributes to its entry
 	// (entry.CEID, ...), after the fields it always has.
 	CloudEvents broker.CloudEvents
+	// StreamMaxLen and StreamRetention cap the streams the broker publishes
+	// to: entries beyond the newest StreamMaxLen (0: no cap), or older than
+	// StreamRetention, are trimmed every TrimInterval (default
+	// DefaultTrimInterval) by Maintain — but never one that a consumer group
+	// has not read or not acknowledged. When both are 0, StreamRetention is
+	// DefaultStreamRetention: streams are trimmed by acknowledged position,
+	// an hour behind. A negative StreamRetention keeps every entry (streams
+	// grow without bound).
+	StreamMaxLen    int64
+	StreamRetention time.Duration
+	TrimInterval    time.Duration
+	// AllowEvictingRedis lets Check (and so relay.Run) pass a Redis whose
+	// maxmemory-policy evicts keys (any but noeviction, on any node of a
+	// Redis Cluster). The streams survive the volatile policies, but the
+	// consumers' dedupe markers on the same Redis do not: a relay that
+	// publishes an event again (killed between its XADD and its mark) then
+	// has it take effect twice. By default such a Redis is refused
+	// (ErrEvictingRedis), read from INFO, which managed services allow where
+	// they forbid CONFIG.
+	AllowEvictingRedis bool
+	// Logger receives the trimmer's and the checks' logs. Default:
+	// slog.Default().
+	Logger *slog.Logger
+	// Metrics, when set, counts the entries trimmed.
+	Metrics *Metrics
 }
 
 // ErrNotReplicated: Redis took the entries, but fewer replicas than
@@ -44,14 +93,26 @@ var ErrNotReplicated = errors.New("not confirmed by enough replicas")
 
 // Broker publishes to Redis Streams.
 type Broker struct {
-	rdb Pipeliner
-	cfg Config
+	rdb     Pipeliner
+	cfg     Config
+	streams streamSet // published to, for Maintain
 }
 
-var _ broker.Broker = (*Broker)(nil)
+var (
+	_ broker.Broker     = (*Broker)(nil)
+	_ broker.Checker    = (*Broker)(nil)
+	_ broker.Maintainer = (*Broker)(nil)
+)
 
-// New returns a broker publishing to rdb.
+// New returns a broker publishing to rdb. It checks cfg but does not
+// connect.
 func New(rdb Pipeliner, cfg Config) (*Broker, error) {
+	if cfg.StreamMaxLen == 0 && cfg.StreamRetention == 0 {
+		cfg.StreamRetention = DefaultStreamRetention
+	}
+	cfg.TrimInterval = cmp.Or(cfg.TrimInterval, DefaultTrimInterval)
+	cfg.ReplicaTimeout = cmp.Or(cfg.ReplicaTimeout, DefaultReplicaTimeout)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	switch {
 	case rdb == nil:
 		return nil, errors.New("redisbroker: no Redis client")
@@ -59,8 +120,23 @@ func New(rdb Pipeliner, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("redisbroker: min replicas %d: must not be negative", cfg.MinReplicas)
 	case cfg.MinReplicas > 0 && cfg.ReplicaTimeout < time.Millisecond:
 		return nil, fmt.Errorf("redisbroker: replica timeout %s: must be at least 1ms", cfg.ReplicaTimeout)
+	case cfg.StreamMaxLen < 0 || cfg.TrimInterval < 0:
+		return nil, errors.New("redisbroker: stream max length and trim interval must not be negative")
+	}
+	if err := cfg.CloudEvents.Validate(); err != nil {
+		return nil, fmt.Errorf("redisbroker: %w", err)
 	}
 	return &Broker{rdb: rdb, cfg: cfg}, nil
+}
+
+// ConfirmTimeout is how long a publish may wait for its replicas beyond the
+// pipeline itself (0 without MinReplicas): the relay requires its publish
+// timeout longer.
+func (b *Broker) ConfirmTimeout() time.Duration {
+	if b.cfg.MinReplicas == 0 {
+		return 0
+	}
+	return b.cfg.ReplicaTimeout
 }
 
 // Ping checks that Redis answers.
@@ -105,6 +181,9 @@ func (b *Broker) Publish(ctx context.Context, msgs []broker.Message, streams []s
 		}
 	}
 	broker.EndSpans(spans, errs)
+	if b.trims() {
+		b.streams.add(streams, errs)
+	}
 	if cc, ok := b.rdb.(*redis.ClusterClient); ok && slices.ContainsFunc(errs, movedSlot) {
 		cc.ReloadState(ctx) // a slot moved under a master's own connection
 	}
