@@ -28,11 +28,14 @@ demo:
 # The relay's tests (relay/) and the end-to-end tests (the module root) run
 # twice: with the default ownership (auto, which leases partitions on the
 # tests' fresh databases) and with row claims (relay --ownership rows).
+# Tests marked parallel own their database and key prefix and spend most of
+# their time waiting out their faults: four run at a time.
+TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
-	$(GO) test -race -count=1 ./...
-	OUTBOX_RELAY_OWNERSHIP=rows $(GO) test -race -count=1 . ./relay
+	$(GO) test $(TEST_FLAGS) ./...
+	OUTBOX_RELAY_OWNERSHIP=rows $(GO) test $(TEST_FLAGS) . ./relay
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

@@ -25,7 +25,9 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/relay/broker"
 	"github.com/tedbank/outbox/relay/natsbroker"
+	"github.com/tedbank/outbox/relay/redisbroker"
 	"github.com/tedbank/outbox/transfer"
 	"github.com/tedbank/outbox/transfer/settled"
 )
@@ -65,7 +67,13 @@ func TestConformance(t *testing.T) {
 		if only != "" && only != c.String() {
 			continue
 		}
-		t.Run(c.String(), func(t *testing.T) { newRun(t, c).run() })
+		t.Run(c.String(), func(t *testing.T) {
+			// Each combination has its database, key prefix and JetStream
+			// stream of its own; most of its time is the pauses its
+			// faults last (make test runs them -parallel 4).
+			t.Parallel()
+			newRun(t, c).run()
+		})
 	}
 }
 
@@ -216,16 +224,19 @@ func (r *run) relays(p int, gen string) (stop func()) {
 	var stops []func()
 	for i := range 2 {
 		cfg := relay.Config{Name: fmt.Sprintf("r%s%d", gen, i), StreamPrefix: r.prefix, Ownership: r.c.ownership, Partitions: p,
-			PollInterval: time.Second, Lease: 2 * time.Second, ReapInterval: 300 * time.Millisecond,
-			// Half the combinations publish CloudEvents attributes too:
-			// the consumers read their own fields alongside.
-			CloudEvents: r.c.partitions == 4}
+			PollInterval: time.Second, Lease: 2 * time.Second, ReapInterval: 300 * time.Millisecond}
+		// Half the combinations publish CloudEvents attributes too: the
+		// consumers read their own fields alongside.
+		ce := broker.CloudEvents{Enabled: r.c.partitions == 4}
 		var rl *relay.Relay
 		var err error
 		if r.c.broker == "nats" {
-			rl, err = natsbroker.NewRelay(r.pool, natsbroker.Config{JS: r.js, Stream: r.nats}, cfg)
+			rl, err = natsbroker.NewRelay(r.pool, natsbroker.Config{JS: r.js, Stream: r.nats, CloudEvents: ce}, cfg)
 		} else {
-			rl, err = relay.New(r.pool, r.rdb.Client, cfg)
+			var b *redisbroker.Broker
+			if b, err = redisbroker.New(r.rdb.Client, redisbroker.Config{CloudEvents: ce}); err == nil {
+				rl, err = relay.New(r.pool, b, cfg)
+			}
 		}
 		if err != nil {
 			r.t.Fatal(err)
