@@ -102,6 +102,7 @@ type run struct {
 	mu      sync.Mutex
 	settled map[string][]uuid.UUID // event ids per sender, in commit order
 	all     []uuid.UUID
+	senders map[string]*sync.Mutex // senderLock
 }
 
 func newRun(t *testing.T, c combination) *run {
@@ -403,19 +404,44 @@ func (r *run) settleInBackground(phase int) *sync.WaitGroup {
 			if phase == 1 && i == 0 {
 				to = lockedAccount // the flaky sender's first TED
 			}
+			// A sender's TEDs commit one at a time, as an account's
+			// transfers do: two phases settle at once, and the order in
+			// which two concurrent Settle calls of one sender returned
+			// need not be the order in which they committed.
+			lock := r.senderLock(from)
+			lock.Lock()
 			res, err := transfer.Settle(r.ctx, r.pool, transfer.Transfer{ID: uuid.New(), FromAccount: from, ToAccount: to, AmountCents: 100})
+			if err == nil {
+				r.mu.Lock()
+				r.settled[from] = append(r.settled[from], res.EventID)
+				r.all = append(r.all, res.EventID)
+				r.mu.Unlock()
+			}
+			lock.Unlock()
 			if err != nil {
 				r.t.Errorf("settle: %v", err)
 				return
 			}
-			r.mu.Lock()
-			r.settled[from] = append(r.settled[from], res.EventID)
-			r.all = append(r.all, res.EventID)
-			r.mu.Unlock()
 			time.Sleep(rate)
 		}
 	})
 	return &wg
+}
+
+// senderLock is the lock a sender's settlements hold from their start to
+// their recording.
+func (r *run) senderLock(sender string) *sync.Mutex {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.senders == nil {
+		r.senders = map[string]*sync.Mutex{}
+	}
+	l, ok := r.senders[sender]
+	if !ok {
+		l = &sync.Mutex{}
+		r.senders[sender] = l
+	}
+	return l
 }
 
 // killBetweenPublishAndMark leaves n published events as a relay killed
@@ -588,7 +614,7 @@ func outOfOrder(got, want []uuid.UUID) int {
 func short(ids []uuid.UUID) string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
-		s[i] = id.String()[:8]
+		s[i] = id.String()[24:] // the random end (a version 7 id starts with its time)
 	}
 	return strings.Join(s, " ")
 }
