@@ -155,7 +155,9 @@ func leaseEpoch(fence string) (int64, error) {
 func (c *Consumer) readSource(ctx context.Context, f feed, rd source.Reader) error {
 	msgs, err := rd.Read(ctx, c.cfg.BatchSize, c.cfg.Block)
 	if len(msgs) > 0 {
-		return c.handleSource(ctx, f, rd, msgs)
+		if herr := c.handleSource(ctx, f, rd, msgs); herr != nil {
+			return herr
+		}
 	}
 	return err
 }

@@ -244,6 +244,12 @@ type reader struct {
 	reconnects uint64 // the connection's reconnects when the partition was opened
 	name       string
 	from       uint64
+	// delivered is the consumer sequence of the last message this reader
+	// received (0: none yet; the durable is new with each reader). The
+	// server numbers every delivery of the durable, redeliveries too, and
+	// only this reader fetches from it: a gap is a delivery that never
+	// reached it.
+	delivered uint64
 }
 
 // String names the durable and where it starts, for the consumer's log.
@@ -280,12 +286,12 @@ func (r *reader) Flush(timeout time.Duration) error {
 // latency would include it.)
 func (r *reader) Read(ctx context.Context, n int, block time.Duration) ([]source.Message, error) {
 	limit := block + fetchGrace
-	msgs, err := collect(ctx, limit)(r.cons.FetchNoWait(n))
+	msgs, err := r.inOrder(collect(ctx, limit)(r.cons.FetchNoWait(n)))
 	if err == nil && len(msgs) == 0 {
 		started := time.Now()
-		if msgs, err = collect(ctx, limit)(r.cons.Fetch(1, jetstream.FetchMaxWait(block))); err == nil && len(msgs) == 1 && n > 1 {
+		if msgs, err = r.inOrder(collect(ctx, limit)(r.cons.Fetch(1, jetstream.FetchMaxWait(block)))); err == nil && len(msgs) == 1 && n > 1 {
 			var more []source.Message
-			more, err = collect(ctx, limit)(r.cons.FetchNoWait(n - 1))
+			more, err = r.inOrder(collect(ctx, limit)(r.cons.FetchNoWait(n - 1)))
 			msgs = append(msgs, more...)
 		}
 		if err == nil && len(msgs) == 0 && time.Since(started) >= block*3/2 && ctx.Err() == nil {
@@ -294,6 +300,26 @@ func (r *reader) Read(ctx context.Context, n int, block time.Duration) ([]source
 			// connection is silent (half-open).
 			err = errSilent
 		}
+	}
+	return msgs, err
+}
+
+// errDeliveryLost: the server delivered messages that never reached the
+// reader (sent into a connection since replaced, or after the client gave
+// a fetch up); those after them must wait for a new reader, which starts at
+// the ack floor.
+var errDeliveryLost = errors.New("messages delivered by the server never reached this reader; reading the partition again from its ack floor")
+
+// inOrder keeps of msgs those that follow, delivery after delivery, what
+// this reader received before: at a gap it returns the ones before it and
+// errDeliveryLost.
+func (r *reader) inOrder(msgs []source.Message, err error) ([]source.Message, error) {
+	for i, m := range msgs {
+		seq := m.(*message).consumerSeq
+		if seq != r.delivered+1 {
+			return msgs[:i], fmt.Errorf("%w (delivery %d after %d)", errDeliveryLost, seq, r.delivered)
+		}
+		r.delivered = seq
 	}
 	return msgs, err
 }
@@ -346,9 +372,10 @@ func collect(ctx context.Context, limit time.Duration) func(jetstream.MessageBat
 // headers and its body.
 type message struct {
 	jetstream.Msg
-	values     map[string]any
-	id         string
-	deliveries int64
+	values      map[string]any
+	id          string
+	deliveries  int64
+	consumerSeq uint64
 }
 
 func newMessage(m jetstream.Msg) *message {
@@ -362,6 +389,7 @@ func newMessage(m jetstream.Msg) *message {
 	if meta, err := m.Metadata(); err == nil {
 		msg.id = strconv.FormatUint(meta.Sequence.Stream, 10)
 		msg.deliveries = int64(meta.NumDelivered)
+		msg.consumerSeq = meta.Sequence.Consumer
 	}
 	return msg
 }
