@@ -30,7 +30,7 @@ demo:
 # tests' fresh databases) and with row claims (relay --ownership rows).
 # Tests marked parallel own their database and key prefix and spend most of
 # their time waiting out their faults: four run at a time.
-TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4
+TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4 -p 3
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint

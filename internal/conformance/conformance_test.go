@@ -200,8 +200,11 @@ func (r *run) run() {
 	// consumers drain; stop them; start the consumers with 4, then the
 	// relays.
 	stopRelays()
+	// Step 2 drains what the relays published; events they had not
+	// published yet wait in the outbox for the relays of the new layout.
+	published := r.publishedIDs()
 	r.killBetweenPublishAndMark(1)
-	r.waitApplied()
+	r.waitTakenEffect(published)
 	c1.stop()
 	c2.stop()
 	proxy.Up()
@@ -550,19 +553,46 @@ func (r *run) applied(p int) (map[string][]uuid.UUID, map[uuid.UUID]int) {
 func (r *run) waitApplied() {
 	r.t.Helper()
 	r.mu.Lock()
-	want := len(r.all)
+	all := slices.Clone(r.all)
 	r.mu.Unlock()
+	r.waitTakenEffect(all)
+}
+
+// waitTakenEffect waits until every event of ids has taken effect.
+func (r *run) waitTakenEffect(ids []uuid.UUID) {
+	r.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		_, count := r.applied(r.c.partitions)
-		if len(count) >= want {
+		var missing []uuid.UUID
+		for _, id := range ids {
+			if count[id] == 0 {
+				missing = append(missing, id)
+			}
+		}
+		if len(missing) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			r.t.Fatalf("after 60s %d of %d events have taken effect", len(count), want)
+			var status []string
+			if err := r.pool.QueryRow(r.ctx, `SELECT coalesce(array_agg(format('%s %s (attempts %s, claimed by %s)', id, status, attempts, claimed_by)), '{}')
+				FROM outbox_messages WHERE id = ANY($1)`, missing).Scan(&status); err != nil {
+				r.t.Fatal(err)
+			}
+			r.t.Fatalf("after 60s %d of %d events have taken effect; in the outbox the others are: %v", len(ids)-len(missing), len(ids), status)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// publishedIDs are the events the outbox has marked published.
+func (r *run) publishedIDs() []uuid.UUID {
+	r.t.Helper()
+	var ids []uuid.UUID
+	if err := r.pool.QueryRow(r.ctx, `SELECT coalesce(array_agg(id), '{}') FROM outbox_messages WHERE status = 'published'`).Scan(&ids); err != nil {
+		r.t.Fatal(err)
+	}
+	return ids
 }
 
 // check asserts the contract over everything settled.
