@@ -69,9 +69,15 @@ func TestConformance(t *testing.T) {
 		}
 		t.Run(c.String(), func(t *testing.T) {
 			// Each combination has its database, key prefix and JetStream
-			// stream of its own; most of its time is the pauses its
-			// faults last (make test runs them -parallel 4).
-			t.Parallel()
+			// stream of its own. CONFORMANCE_PARALLEL=1 runs them side by
+			// side: a stress run (the schedules slower, the CPU busy),
+			// which found a lost fetch reply on NATS. Not in make test:
+			// under that load a consumer can legitimately miss its short
+			// name lease and a twin take its name, which the run does not
+			// expect (docs/development.md).
+			if os.Getenv("CONFORMANCE_PARALLEL") != "" {
+				t.Parallel()
+			}
 			newRun(t, c).run()
 		})
 	}
