@@ -116,6 +116,9 @@ func (b *Broker) Unavailable(err error) bool {
 
 // MaybeSent reports whether a publish that failed with err may still have
 // reached the stream: not when nothing left the client or no stream took it.
+// nats.ErrDisconnected may have: nats.go fails every publish still awaiting
+// its acknowledgement with it when the connection is replaced, whether the
+// server stored the message or not.
 func (b *Broker) MaybeSent(err error) bool {
 	var opErr *net.OpError
 	switch {
@@ -123,7 +126,7 @@ func (b *Broker) MaybeSent(err error) bool {
 		return false
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		return false
-	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected),
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrConnectionClosed),
 		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrConnectionDraining),
 		errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrTooManyStalledMsgs):
 		return false

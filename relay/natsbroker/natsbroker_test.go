@@ -25,6 +25,8 @@ func TestErrors(t *testing.T) {
 	}{
 		{nats.ErrNoResponders, true, false},
 		{nats.ErrConnectionClosed, true, false},
+		// A publish awaiting its ack when the connection was replaced.
+		{fmt.Errorf("publish: %w", nats.ErrDisconnected), true, true},
 		{fmt.Errorf("publish: %w", jetstream.ErrStreamNotFound), true, false},
 		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true, false},
 		{fmt.Errorf("%w: no acknowledgement: %w", broker.ErrUnavailable, context.DeadlineExceeded), true, true},
