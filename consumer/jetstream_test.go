@@ -72,11 +72,17 @@ func (e *jsEnv) run(h Handler, name string) *Consumer {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.t.Cleanup(start(c))
+	return c
+}
+
+// start runs c in the background; stop cancels it and waits for Run to
+// return.
+func start(c *Consumer) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
-	return c
+	return func() { cancel(); <-done }
 }
 
 // Read from JetStream, every event's effect is applied once, in stream
@@ -220,10 +226,7 @@ func TestJetStreamConsumerReplacesAHalfOpenConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer start(c)()
 	e.publish(uuid.New(), "before")
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 1 }, "the first event was not applied")
 	time.Sleep(200 * time.Millisecond) // the consumer waits in its blocking fetch

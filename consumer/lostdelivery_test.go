@@ -139,10 +139,7 @@ func TestJetStreamDeliveriesLostWithTheConnectionKeepTheirOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer start(c)()
 
 	pub("gate", "G")
 	<-h.reached // the worker applies "gate": it is busy
