@@ -26,8 +26,9 @@ demo:
 	fi
 
 # The relay's tests (relay/) and the end-to-end tests (the module root) run
-# twice: with the default ownership (auto, which leases partitions on the
-# tests' fresh databases) and with row claims (relay --ownership rows).
+# twice: with the library's default ownership (row claims, the card's) and
+# with the outbox relay command's (auto, which leases partitions on the
+# tests' fresh databases).
 # Tests marked parallel own their database and key prefix and spend most of
 # their time waiting out their faults: four run at a time.
 TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4 -p 3
@@ -35,7 +36,7 @@ test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
 	$(GO) test $(TEST_FLAGS) ./...
-	OUTBOX_RELAY_OWNERSHIP=rows $(GO) test $(TEST_FLAGS) . ./relay
+	OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) . ./relay
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

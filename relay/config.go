@@ -47,20 +47,10 @@ var (
 
 // Ownership values: how the relays of one database divide the outbox.
 const (
-	// OwnAuto, the default: the ownership of the relays already running on
-	// the database, chosen when Run starts (Relay.Ownership says which);
-	// with none running, OwnRows while a row claimer may still run unseen
-	// (registered and not known gone, as after a PostgreSQL restart, or
-	// with a claim younger than Lease), OwnPartitions otherwise. So a fleet
-	// of relays claiming rows keeps claiming rows through a rolling upgrade
-	// (each new relay follows the ones running), and comes up with
-	// partition leases once every relay has stopped gracefully at the same
-	// time.
-	OwnAuto = "auto"
-	// OwnRows: each relay claims rows (FOR UPDATE SKIP LOCKED, status
-	// publishing, a claim token per batch) and the reaper returns claims
-	// whose lease ran out. Relays share every partition key; a per-key
-	// probe in the claim keeps the order.
+	// OwnRows, the zero value's and the card's: each relay claims rows
+	// (FOR UPDATE SKIP LOCKED, status publishing, a claim token per batch)
+	// and the reaper returns claims whose lease ran out. Relays share every
+	// partition key; a per-key probe in the claim keeps the order.
 	OwnRows = "rows"
 	// OwnPartitions: each relay leases its share of the partition-key slots
 	// (sql/migrations/0010) and reads its slots' rows without claiming
@@ -70,6 +60,16 @@ const (
 	// stops gives them back at once. Every relay of a database must use the
 	// same ownership.
 	OwnPartitions = "partitions"
+	// OwnAuto, the default of the outbox relay command: the ownership of
+	// the relays already running on the database, chosen when Run starts
+	// (Relay.Ownership says which); with none running, OwnRows while a row
+	// claimer may still run unseen (registered and not known gone, as after
+	// a PostgreSQL restart, or with a claim younger than Lease),
+	// OwnPartitions otherwise. So a fleet of relays claiming rows keeps
+	// claiming rows through a rolling upgrade (each new relay follows the
+	// ones running), and comes up with partition leases once every relay
+	// has stopped gracefully at the same time.
+	OwnAuto = "auto"
 )
 
 // Config tunes a Relay. The zero value of every field means its default.
@@ -87,7 +87,9 @@ type Config struct {
 	// bound the relay's memory and each publish by bytes, and do not hold
 	// small events of other keys back. Default DefaultBatchBytes (16 MiB).
 	BatchBytes int64
-	// Ownership is OwnAuto (default), OwnRows or OwnPartitions.
+	// Ownership is OwnRows (default), OwnPartitions or OwnAuto. Every relay
+	// of a database must run the same one: a relay that meets relays of the
+	// other ownership stops with ErrMixedOwnership (OwnAuto follows them).
 	Ownership string
 	// Lease is how long a claim is valid. A row still publishing after the
 	// lease (its relay died or stalled) is returned to pending by the reaper.
@@ -169,7 +171,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
-	c.Ownership = cmp.Or(c.Ownership, OwnAuto)
+	c.Ownership = cmp.Or(c.Ownership, OwnRows)
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.ReapInterval = cmp.Or(c.ReapInterval, c.Lease/2)
@@ -219,7 +221,7 @@ func (c Config) Validate() error {
 func (c Config) validate() error {
 	switch {
 	case c.Ownership != OwnAuto && c.Ownership != OwnRows && c.Ownership != OwnPartitions:
-		return fmt.Errorf("ownership %q: must be %q, %q or %q", c.Ownership, OwnAuto, OwnRows, OwnPartitions)
+		return fmt.Errorf("ownership %q: must be %q, %q or %q", c.Ownership, OwnRows, OwnPartitions, OwnAuto)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("batch size %d: must be between 1 and %d", c.BatchSize, MaxBatchSize)
 	case c.BatchBytes < 1:

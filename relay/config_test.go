@@ -14,7 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
 	if c.BatchSize != DefaultBatchSize || c.Lease != DefaultLease || c.PollInterval != DefaultPollInterval ||
 		c.MaxAttempts != DefaultMaxAttempts || c.ReapInterval != DefaultLease/2 || c.PublishTimeout != DefaultPublishTimeout ||
-		c.Channel != DefaultChannel || c.Name == "" || c.BusyPace > 0 || c.BusyRows != DefaultBusyRows {
+		c.Channel != DefaultChannel || c.Name == "" || c.BusyPace > 0 || c.BusyRows != DefaultBusyRows || c.Ownership != OwnRows {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if got := c.StreamKey("transfer"); got != "outbox.event.transfer" {

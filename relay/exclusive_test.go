@@ -56,7 +56,7 @@ func TestRelaysOfBothOwnershipsNeverShareADatabase(t *testing.T) {
 	}
 }
 
-// OwnAuto, the default: a relay follows the ownership of the relays running
+// OwnAuto, the outbox relay command's default: a relay follows the ownership of the relays running
 // on its database, and leases partitions where none runs. So a rolling
 // upgrade of relays that claim rows never stops at ErrMixedOwnership. With
 // no relay alive it still claims rows while a row claimer may be running
@@ -91,11 +91,8 @@ func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
 			f := newFixture(t)
 			c.setup(f)
 			cfg := f.RelayConfig("auto")
-			cfg.Ownership, cfg.Lease = "", lease
+			cfg.Ownership, cfg.Lease = relay.OwnAuto, lease
 			auto := f.NewRelay(cfg, nil)
-			if got := auto.Config().Ownership; got != relay.OwnAuto {
-				t.Fatalf("default ownership %q, want %q", got, relay.OwnAuto)
-			}
 			if got := auto.Ownership(); got != "" {
 				t.Fatalf("ownership %q before Run, want none chosen yet", got)
 			}

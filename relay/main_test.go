@@ -9,8 +9,9 @@ import (
 
 // The relay's specifications, on a real PostgreSQL and a real Redis
 // (internal/outboxtest finds or starts them). make test runs them twice:
-// with the default ownership (auto: partition leases on a fresh database)
-// and, OUTBOX_RELAY_OWNERSHIP=rows, with row claims; the tests of one
+// with the library's default ownership (row claims) and, with
+// OUTBOX_RELAY_OWNERSHIP=auto, with the outbox relay command's (auto:
+// partition leases on a fresh database); the tests of one
 // ownership set it themselves. End-to-end tests
 // with anti-fraud and the outbox binary are at the module root.
 func TestMain(m *testing.M) { outboxtest.MainWithExamples(m, "example.relay.") }

@@ -8,11 +8,12 @@
 // one pipelined round trip of XADDs outside any database transaction, then
 // marks published only the rows its claim still owns. A reaper returns claims
 // whose lease expired to pending. Any number of relays can run side by side.
-// That is the card's path, Config.Ownership OwnRows. With OwnPartitions the
-// relays lease slots of partition keys instead and read their slots' rows
-// without claiming them (one update per event, not two); the default,
-// OwnAuto, follows the relays running on the database, and leases
-// partitions where no row claimer runs or may run unseen.
+// That is the card's path and the zero Config's (Ownership OwnRows). With
+// OwnPartitions the relays lease slots of partition keys instead and read
+// their slots' rows without claiming them (one update per event, not two);
+// OwnAuto, the outbox relay command's default, follows the relays running
+// on the database, and leases partitions where no row claimer runs or may
+// run unseen.
 //
 // Delivery is at least once: a relay that dies between XADD and the mark, or
 // a stale relay fenced out after its lease, leaves a duplicate in the stream.

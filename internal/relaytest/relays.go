@@ -19,10 +19,10 @@ import (
 
 // RelayConfig is a relay of this fixture, polling only every ten minutes
 // (so that a test passing in time proves the wake-up, not the poll). Its
-// ownership is OUTBOX_RELAY_OWNERSHIP's (rows in make test's second pass),
-// else the default (auto: partition leases, unless a relay claiming rows
-// runs); the tests of one ownership set Ownership themselves, and
-// Relay.Ownership says which one a relay runs.
+// ownership is OUTBOX_RELAY_OWNERSHIP's (auto in make test's second pass:
+// partition leases, unless a relay claiming rows runs), else the zero
+// value's (row claims, the card's); the tests of one ownership set
+// Ownership themselves, and Relay.Ownership says which one a relay runs.
 func (f *Fixture) RelayConfig(name string) relay.Config {
 	return relay.Config{Name: name, StreamPrefix: f.StreamPrefix(), PollInterval: 10 * time.Minute,
 		Ownership: os.Getenv("OUTBOX_RELAY_OWNERSHIP")}
