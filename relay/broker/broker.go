@@ -7,7 +7,8 @@
 // attempt counted; the relay backs off and retries the batch). Redis Streams
 // (package relay/redisbroker) and NATS JetStream
 // (package relay/natsbroker) are the two implementations; the relay's tests
-// and the conformance suite (internal/conformance) run against each.
+// and the conformance suite (internal/conformance) run against each, and
+// package relay/broker/brokertest is the kit every Broker must pass.
 package broker
 
 import (
