@@ -36,7 +36,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	switch op {
 	case flagBusy:
-		queue(&b, queries.RelayBusy(r.listenPID.Load()))
+		queue(&b, queries.RelayBusy(r.listener.pid.Load()))
 	case flagSleep:
 		queue(&b, queries.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
@@ -47,7 +47,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 			return nil
 		})
 	}
-	keepFloor := r.floor.queue(&b, time.Now(), r.lastRead >= max(1, r.batchLimit()/2))
+	keepFloor := r.loop.floor.queue(&b, time.Now(), r.loop.lastRead >= max(1, r.batchLimit()/2))
 	b.Queue(indexedClaim)
 	queue(&b, r.own.read(token, exclude)).Query(func(rows pgx.Rows) error {
 		var err error
@@ -64,9 +64,9 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	if keepFloor() {
 		r.stats.floorPassedOver.Add(1)
 	}
-	r.lastRead = len(msgs)
+	r.loop.lastRead = len(msgs)
 	if len(msgs) > 0 {
-		r.heldClaims.add(token)
+		r.loop.held.add(token)
 	}
 	return msgs, marked, slept, nil
 }

@@ -26,10 +26,9 @@ const (
 	DefaultBackoffMax     = 5 * time.Minute
 	DefaultStreamPrefix   = "outbox.event."
 	DefaultChannel        = "outbox_messages"
-	// DefaultBusyPace: a busy relay does not pause between claims. With a
-	// 2 ms pace (the default before), commit → stream's p50 at 1,000 TEDs/s
-	// was 1.0 to 1.7 times what it is without, in runs of two days, and the
-	// writers' throughput the same within noise (docs/log.md, 2026-12-03).
+	// DefaultBusyPace is 0.
+	//
+	// Deprecated: Config.BusyPace is ignored.
 	DefaultBusyPace time.Duration = 0
 	// DefaultBusyRows: a relay tells writers to stop notifying when its
 	// claims find 8 rows within 20 ms, 400 commits a second and up
@@ -100,12 +99,11 @@ type Config struct {
 	// even without notifications, and pings its LISTEN connection when no
 	// notification arrived for that long.
 	PollInterval time.Duration
-	// BusyPace is how long a relay that is draining a steady stream of
-	// commits (writers told not to notify) waits after a small batch before
-	// it claims again, so that commits gather into fewer, larger batches. It
-	// costs events up to this much latency under load and nothing at low
-	// load (a relay that drains one batch and goes back to sleep never
-	// paces). Zero or negative: never pause (the default).
+	// BusyPace is ignored: a busy relay claims again at once after a small
+	// batch (docs/design.md, "The wake-up protocol's numbers", says why).
+	//
+	// Deprecated: pausing cost events latency and bought the writers
+	// nothing measurable; leave it out.
 	BusyPace time.Duration
 	// BusyRows is how many rows the relay's claims must find within 20 ms,
 	// in two claims or more, or one claim after the first of a drain (or a
@@ -232,8 +230,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("poll interval %s: must be at least 1ms", c.PollInterval)
 	case c.BusyRows < 1:
 		return fmt.Errorf("busy rows %d: must be at least 1", c.BusyRows)
-	case c.BusyPace > time.Second:
-		return fmt.Errorf("busy pace %s: must be at most 1s", c.BusyPace)
 	case c.ReapInterval < time.Millisecond:
 		return fmt.Errorf("reap interval %s: must be at least 1ms", c.ReapInterval)
 	case c.PublishTimeout <= 0 || c.PublishTimeout >= c.Lease:

@@ -14,7 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
 	if c.BatchSize != DefaultBatchSize || c.Lease != DefaultLease || c.PollInterval != DefaultPollInterval ||
 		c.MaxAttempts != DefaultMaxAttempts || c.ReapInterval != DefaultLease/2 || c.PublishTimeout != DefaultPublishTimeout ||
-		c.Channel != DefaultChannel || c.Name == "" || c.BusyPace > 0 || c.BusyRows != DefaultBusyRows || c.Ownership != OwnRows {
+		c.Channel != DefaultChannel || c.Name == "" || c.BusyRows != DefaultBusyRows || c.Ownership != OwnRows {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if got := c.StreamKey("transfer"); got != "outbox.event.transfer" {
@@ -35,7 +35,6 @@ func TestConfigValidate(t *testing.T) {
 		"negative lease":            {Lease: -time.Second},
 		"publish longer than lease": {Lease: time.Second, PublishTimeout: 2 * time.Second},
 		"negative poll":             {PollInterval: -1},
-		"busy pace over a second":   {BusyPace: 2 * time.Second},
 		"negative busy rows":        {BusyRows: -1},
 		"zero attempts":             {MaxAttempts: -3},
 		"backoff inverted":          {BackoffBase: time.Minute, BackoffMax: time.Second},

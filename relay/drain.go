@@ -27,14 +27,14 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 	if err := r.own.prepare(ctx); err != nil {
 		return 0, err
 	}
-	if r.resync.Swap(false) {
+	if r.listener.resync.Swap(false) {
 		r.setState(unsure)
 	}
 	w := r.newWakeup(polled)
 	// Redis refused the last batch as a whole: wait out the backoff before
 	// the first claim, even if a notification woke this drain early, so that
 	// an outage costs one publish round per backoff step, not one per commit.
-	if wait := time.Until(r.brokerDownUntil); wait > 0 {
+	if wait := time.Until(r.loop.broker.downUntil); wait > 0 {
 		retry.Sleep(ctx, wait)
 	}
 	var pending *pendingMark // the last batch's mark, sent with the next claim
@@ -69,7 +69,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		w.sent(res, err)
 		now := time.Now()
 		for _, d := range res.retries {
-			r.retries.add(now.Add(d))
+			r.loop.retries.add(now.Add(d))
 		}
 		published += res.Published
 		switch {
@@ -99,15 +99,15 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 // attempt counted), longer each time in a row, logging at the first and
 // every 20th.
 func (r *Relay) brokerRefused(ctx context.Context, res BatchResult) {
-	r.brokerFailures++
-	d := retry.Backoff(r.brokerFailures, 100*time.Millisecond, 10*time.Second)
-	r.brokerDownUntil = time.Now().Add(d)
+	r.loop.broker.failures++
+	d := retry.Backoff(r.loop.broker.failures, 100*time.Millisecond, 10*time.Second)
+	r.loop.broker.downUntil = time.Now().Add(d)
 	level := slog.LevelDebug
-	if r.brokerFailures == 1 || r.brokerFailures%20 == 0 {
+	if r.loop.broker.failures == 1 || r.loop.broker.failures%20 == 0 {
 		level = slog.LevelWarn
 	}
 	r.log.Log(ctx, level, "redis unavailable; backing off", slog.Int("released", res.Released),
-		slog.Int("attempt", r.brokerFailures), slog.Duration("retry_in", d), slog.Any("error", res.Err))
+		slog.Int("attempt", r.loop.broker.failures), slog.Duration("retry_in", d), slog.Any("error", res.Err))
 	retry.Sleep(ctx, d)
 }
 
@@ -121,9 +121,9 @@ func (r *Relay) retrySmaller(ctx context.Context, res BatchResult) bool {
 	if res.Released < 2 || !timedOut(res.Err) {
 		return false
 	}
-	r.batchCap = max(1, res.Released/2)
+	r.loop.batchCap = max(1, res.Released/2)
 	r.log.Warn("publish timed out; trying again with smaller batches", slog.Int("rows", res.Released),
-		slog.Int("next_batch", r.batchCap), slog.Duration("publish_timeout", r.cfg.PublishTimeout), slog.Any("error", res.Err))
+		slog.Int("next_batch", r.loop.batchCap), slog.Duration("publish_timeout", r.cfg.PublishTimeout), slog.Any("error", res.Err))
 	retry.Sleep(ctx, releaseDelay)
 	return true
 }
@@ -136,21 +136,21 @@ func timedOut(err error) bool {
 
 // batchLimit is how many rows the next claim may take.
 func (r *Relay) batchLimit() int {
-	if r.batchCap > 0 {
-		return min(r.cfg.BatchSize, r.batchCap)
+	if r.loop.batchCap > 0 {
+		return min(r.cfg.BatchSize, r.loop.batchCap)
 	}
 	return r.cfg.BatchSize
 }
 
 // brokerTook ends a run of refused batches.
 func (r *Relay) brokerTook() {
-	if r.batchCap > 0 {
-		if r.batchCap *= 2; r.batchCap >= r.cfg.BatchSize {
-			r.batchCap = 0
+	if r.loop.batchCap > 0 {
+		if r.loop.batchCap *= 2; r.loop.batchCap >= r.cfg.BatchSize {
+			r.loop.batchCap = 0
 		}
 	}
-	if r.brokerFailures > 0 {
-		r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.brokerFailures))
+	if r.loop.broker.failures > 0 {
+		r.log.Info("redis available again; publishing", slog.Int("refused_rounds", r.loop.broker.failures))
 	}
-	r.brokerFailures, r.brokerDownUntil = 0, time.Time{}
+	r.loop.broker.failures, r.loop.broker.downUntil = 0, time.Time{}
 }

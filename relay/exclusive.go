@@ -116,7 +116,7 @@ func (p *partitionLeases) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	n, err := r.reap(ctx, 0, nil)
+	n, err := r.reaper.reap(ctx, 0, nil)
 	if err != nil {
 		return fmt.Errorf("return a dead row claimer's claims to pending: %w", err)
 	}

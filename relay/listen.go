@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,15 +47,63 @@ const (
 	listenBackoffMax = 30 * time.Second
 )
 
-// listenLoop keeps one dedicated connection LISTENing and turns every
+// listener is the relay's LISTEN connection, a service started by Run
+// (run, below): it turns notifications into wake-ups, holds the
+// relay's liveness (its backend's pid and advisory lock, migration 0012)
+// and watches for relays that died or stalled.
+type listener struct {
+	r   *Relay // the relay it wakes
+	cfg *pgx.ConnConfig
+	// pid is the backend pid of the LISTEN connection while it is up (0
+	// otherwise): it holds the relay's ownership lock, and its claims,
+	// slots and "busy" word carry it, so that the other relays take them
+	// over the moment it is gone.
+	pid atomic.Uint32
+	// past are the pids of this process's earlier LISTEN connections: its
+	// claims under them are stamped with the new one when the connection
+	// comes back. Owned by the listener's goroutine.
+	past []int32
+	// tried is closed once the first LISTEN connection is up, or its
+	// attempt failed: the first drain waits for it (firstListenWait at
+	// most), so that its claims and slots carry the LISTEN backend's pid.
+	tried     chan struct{}
+	triedOnce sync.Once
+	// resync: the LISTEN connection came back; writers may have been told
+	// nothing since (a PostgreSQL crash can undo the flag's last change), so
+	// the next drain must say "sleep" again before waiting.
+	resync atomic.Bool
+	// now cuts the reconnect backoff short: the drainer reached the
+	// database again.
+	now chan struct{}
+}
+
+// newListener returns the listener of r, connecting with cfg (nil: the
+// pool's connection config with application_name "<name>-listen").
+func newListener(r *Relay, cfg *pgx.ConnConfig) *listener {
+	if cfg == nil {
+		cfg = r.pool.Config().ConnConfig.Copy()
+		app := cfg.RuntimeParams["application_name"]
+		if app == "" {
+			app = "outbox-relay"
+		}
+		cfg.RuntimeParams["application_name"] = app + "-listen"
+	}
+	return &listener{r: r, cfg: cfg, tried: make(chan struct{}), now: make(chan struct{}, 1)}
+}
+
+// attempted ends the first drain's wait for the LISTEN connection.
+func (l *listener) attempted() { l.triedOnce.Do(func() { close(l.tried) }) }
+
+// run keeps one dedicated connection LISTENing and turns every
 // notification into a wake-up. After each (re)connect it LISTENs first and
 // then wakes the drainer, so rows committed while disconnected are caught up
 // and none committed after the LISTEN can be missed.
-func (r *Relay) listenLoop(ctx context.Context) {
+func (l *listener) run(ctx context.Context) {
+	r := l.r
 	failures := 0
 	for ctx.Err() == nil {
-		established, err := r.listen(ctx, failures)
-		r.listenAttempted()
+		established, err := l.listen(ctx, failures)
+		l.attempted()
 		r.stats.listenUp.Store(false)
 		r.cfg.Metrics.listen(false)
 		if ctx.Err() != nil {
@@ -80,7 +130,7 @@ func (r *Relay) listenLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-		case <-r.listenNow:
+		case <-l.now:
 		}
 		t.Stop()
 	}
@@ -89,14 +139,15 @@ func (r *Relay) listenLoop(ctx context.Context) {
 // listen LISTENs on one connection until it fails; failures is how many
 // attempts in a row failed before this one. It reports whether the
 // connection was established (LISTENing and registered) before it failed.
-func (r *Relay) listen(ctx context.Context, failures int) (established bool, _ error) {
-	err := r.listenOn(ctx, failures, &established)
+func (l *listener) listen(ctx context.Context, failures int) (established bool, _ error) {
+	err := l.listenOn(ctx, failures, &established)
 	return established, err
 }
 
-func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) error {
+func (l *listener) listenOn(ctx context.Context, failures int, established *bool) error {
+	r := l.r
 	cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-	conn, err := pgx.ConnectConfig(cctx, r.listenCfg)
+	conn, err := pgx.ConnectConfig(cctx, l.cfg)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -150,7 +201,7 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 		// its backend gone (relay_bury.sql).
 		return err
 	}
-	if len(r.pastPIDs) > 0 {
+	if len(l.past) > 0 {
 		// This relay's claims and slots taken under its earlier LISTEN
 		// connections are its own still: stamp them with the new pid before
 		// the other relays (or this one) take them for a dead relay's (an
@@ -158,19 +209,19 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 		// only a member's pid is a live relay's: migration 0018).
 		// Claims it does not know of (their reply was lost) keep the
 		// earlier pid: the reaper returns them to pending now.
-		st := queries.RelayRestamp(r.pastPIDs, r.heldClaims.list())
+		st := queries.RelayRestamp(l.past, r.loop.held.list())
 		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 		_, err := conn.Exec(sctx, st.SQL, st.Args...)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("restamp the relay's claims and slots: %w", err)
 		}
-		r.bury(watchDead)
+		r.reaper.bury(watchDead)
 	}
-	r.pastPIDs = append(r.pastPIDs[max(len(r.pastPIDs)-15, 0):], pid)
-	r.listenPID.Store(uint32(pid))
-	defer r.listenPID.Store(0)
-	r.listenAttempted()
+	l.past = append(l.past[max(len(l.past)-15, 0):], pid)
+	l.pid.Store(uint32(pid))
+	defer l.pid.Store(0)
+	l.attempted()
 	*established = true
 	// A partition owner renews now: its slots carry the new pid.
 	r.own.listening()
@@ -185,10 +236,10 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 	// Notifications sent while no connection listened are lost, and a
 	// PostgreSQL crash may have undone the flag's last change: the drain
 	// this wakes catches up and tells writers again that the relay sleeps.
-	r.resync.Store(true)
+	l.resync.Store(true)
 	r.kick()
 	// A relay of this name may have died just before: take its claims now.
-	r.bury(watchDead)
+	r.reaper.bury(watchDead)
 
 	lastWatch := time.Now()
 	for {
@@ -216,9 +267,9 @@ func (r *Relay) listenOn(ctx context.Context, failures int, established *bool) e
 				return fmt.Errorf("watch: %w", err)
 			}
 			if len(w.stalled) > 0 {
-				r.stalled.Store(&w.stalled)
+				r.reaper.stalled.Store(&w.stalled)
 			}
-			r.bury(w.what())
+			r.reaper.bury(w.what())
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)

@@ -9,6 +9,51 @@ import (
 	"github.com/tedbank/outbox/internal/retry"
 )
 
+// drainState is what the drainer (drainLoop) owns between drains, on its
+// goroutine only.
+type drainState struct {
+	// state is what this relay may assume about the writers (wakeup.go);
+	// retries when rows it failed become claimable again; recent the
+	// claims that found rows in the last busyWindow, across drains: the
+	// commit rate the busy rule reads.
+	state   wakeState
+	retries retrySchedule
+	recent  claimWindow
+	// db paces drains while the database fails, broker batches while the
+	// broker refuses them as a whole.
+	db     dbBackoff
+	broker brokerBackoff
+	// batchCap, when not 0, caps the rows of a claim below BatchSize: a
+	// publish timed out, and was retried smaller (drain.go).
+	batchCap int
+	// floor is where the claims' reads start (floor.go); lastRead the rows
+	// the last claim returned.
+	floor    readFloor
+	lastRead int
+	// held: the tokens of the latest claims (claim.go), for a restamp after
+	// the LISTEN connection came back (the listener reads them).
+	held heldClaims
+}
+
+// dbBackoff: failures counts drains in a row that failed (the database
+// unreachable, a statement timed out); downSince is when the first failed,
+// warned when the last warning was logged and retryAt when the backoff ends
+// (polls wait for it; a notification does not). lost counts drains in a row
+// tried again at once because the server closed their pooled connection
+// (drainFailed).
+type dbBackoff struct {
+	failures                   int
+	downSince, warned, retryAt time.Time
+	lost                       int
+}
+
+// brokerBackoff: failures counts batches the broker refused as a whole in a
+// row, across drains; downUntil is when the current backoff ends.
+type brokerBackoff struct {
+	failures  int
+	downUntil time.Time
+}
+
 // drainLoop is the relay's one drainer: it drains at start, then whenever a
 // notification, the fallback poll, a failed row's retry time or the end of a
 // database backoff says so, until ctx is cancelled. With partition leases it
@@ -20,7 +65,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	case <-ctx.Done():
 		wait.Stop()
 		return
-	case <-r.listenTried:
+	case <-r.listener.tried:
 	case <-wait.C:
 	}
 	wait.Stop()
@@ -57,11 +102,11 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		default:
 			r.drainSucceeded()
 			// Rows that were claimable when this drain started were claimed.
-			r.retries.covered(started)
+			r.loop.retries.covered(started)
 		}
 		// Rows that failed become claimable again after their backoff; wake
 		// up for them then rather than at the next poll.
-		if at, ok := r.retries.next(); ok {
+		if at, ok := r.loop.retries.next(); ok {
 			if d := time.Until(at); wait == 0 || d < wait {
 				wait = max(d, time.Millisecond)
 			}
@@ -80,7 +125,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 			r.own.renew(ctx)
 			goto wait // it kicks the drainer if it took slots
 		case <-poll.C:
-			if time.Now().Before(r.dbRetryAt) {
+			if time.Now().Before(r.loop.db.retryAt) {
 				goto wait // the database is failing: the backoff paces retries
 			}
 			r.stats.polls.Add(1)
@@ -104,8 +149,8 @@ const (
 // next one runs on a fresh connection: a flapping link or a restarted pooler
 // costs no backoff), else after a backoff that grows while drains fail.
 func (r *Relay) drainFailed(err error) time.Duration {
-	if pgerr.ConnLost(err) && r.dbLost < r.freshTries() {
-		r.dbLost++
+	if pgerr.ConnLost(err) && r.loop.db.lost < r.freshTries() {
+		r.loop.db.lost++
 		r.connLost(err)
 		return time.Nanosecond
 	}
@@ -113,18 +158,18 @@ func (r *Relay) drainFailed(err error) time.Duration {
 		r.dropSilentConns("a drain timed out")
 	}
 	now := time.Now()
-	r.dbFailures++
-	if r.dbFailures == 1 {
-		r.dbDownSince = now
+	r.loop.db.failures++
+	if r.loop.db.failures == 1 {
+		r.loop.db.downSince = now
 	}
-	d := retry.Backoff(r.dbFailures, drainRetryMin, drainRetryMax)
-	r.dbRetryAt = now.Add(d)
-	if r.dbFailures == 1 || now.Sub(r.dbWarned) >= drainWarnEvery {
-		r.dbWarned = now
-		r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
-			slog.Duration("retry_in", d), slog.Duration("failing_for", now.Sub(r.dbDownSince).Round(time.Millisecond)))
+	d := retry.Backoff(r.loop.db.failures, drainRetryMin, drainRetryMax)
+	r.loop.db.retryAt = now.Add(d)
+	if r.loop.db.failures == 1 || now.Sub(r.loop.db.warned) >= drainWarnEvery {
+		r.loop.db.warned = now
+		r.log.Warn("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.loop.db.failures),
+			slog.Duration("retry_in", d), slog.Duration("failing_for", now.Sub(r.loop.db.downSince).Round(time.Millisecond)))
 	} else {
-		r.log.Debug("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.dbFailures),
+		r.log.Debug("drain failed; retrying", slog.Any("error", err), slog.Int("attempt", r.loop.db.failures),
 			slog.Duration("retry_in", d))
 	}
 	return d
@@ -132,17 +177,17 @@ func (r *Relay) drainFailed(err error) time.Duration {
 
 // drainSucceeded notes the end of a run of failed drains.
 func (r *Relay) drainSucceeded() {
-	r.dbLost = 0
-	if r.dbFailures == 0 {
+	r.loop.db.lost = 0
+	if r.loop.db.failures == 0 {
 		return
 	}
-	r.log.Info("database reachable again; draining", slog.Int("failed_attempts", r.dbFailures),
-		slog.Duration("down_for", time.Since(r.dbDownSince).Round(time.Millisecond)))
-	r.dbFailures, r.dbRetryAt = 0, time.Time{}
+	r.log.Info("database reachable again; draining", slog.Int("failed_attempts", r.loop.db.failures),
+		slog.Duration("down_for", time.Since(r.loop.db.downSince).Round(time.Millisecond)))
+	r.loop.db.failures, r.loop.db.retryAt = 0, time.Time{}
 	// If the LISTEN connection is waiting out its backoff, reconnect now:
 	// until it is back, only this relay's poll finds new rows.
 	select {
-	case r.listenNow <- struct{}{}:
+	case r.listener.now <- struct{}{}:
 	default:
 	}
 }

@@ -147,7 +147,7 @@ func (rowClaims) listening()                         {}
 
 func (o rowClaims) read(token uuid.UUID, _ []int64) queries.Statement {
 	r := o.r
-	return queries.RelayClaim(r.batchLimit(), token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listenPID.Load(), r.cfg.BatchBytes)
+	return queries.RelayClaim(r.batchLimit(), token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listener.pid.Load(), r.cfg.BatchBytes)
 }
 
 func (rowClaims) admit(msgs []message) ([]message, []rowLease) { return msgs, nil }

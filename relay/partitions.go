@@ -103,7 +103,7 @@ func (*partitionLeases) overlapsMarks() bool { return true }
 // backend is gone (alone checks it is the one its renewal carried), and
 // the wake-ups resume.
 func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
-	if (op != flagNone || p.r.state == saidBusy) && !p.alone(time.Now()) {
+	if (op != flagNone || p.r.loop.state == saidBusy) && !p.alone(time.Now()) {
 		queue(b, p.r.notify(p.r.wakePayload()))
 	}
 }
@@ -114,7 +114,7 @@ func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
 // backend went may have lost its slots to a joining relay already).
 func (p *partitionLeases) alone(now time.Time) bool {
 	l := &p.leases
-	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots || l.pid == 0 || l.pid != p.r.listenPID.Load() {
+	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots || l.pid == 0 || l.pid != p.r.listener.pid.Load() {
 		return false
 	}
 	for _, x := range l.held {
@@ -174,7 +174,7 @@ func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error
 		return false, fmt.Errorf("renew partition leases: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	pid := r.listenPID.Load()
+	pid := r.listener.pid.Load()
 	held, err := collectLeases(ctx, tx, queries.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, pid))
 	if err != nil {
 		return false, fmt.Errorf("renew partition leases: %w", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,18 +12,43 @@ import (
 	"github.com/tedbank/outbox/internal/queries"
 )
 
+// reaper is the relay's maintenance service, one goroutine started by Run:
+// every ReapInterval it returns claims whose lease ran out to pending and
+// marks dead the events past their redelivery window; told by the LISTEN
+// connection's watch (bury), it takes over at once what relays that died or
+// stalled left: their memberships, slots and claims, and writers they left
+// silent.
+type reaper struct {
+	r *Relay // the relay it serves: its pool, configuration, log and counters
+	// floor is where the reaper's reads start (floor.go).
+	floor readFloor
+	// due wakes the reaper to take over the work of relays that died;
+	// what says what the watch saw, stalled the LISTEN backends of the
+	// relays it found stalled.
+	due     chan struct{}
+	what    atomic.Uint32
+	stalled atomic.Pointer[[]int32]
+	// waking: a goroutine says "sleep" for a dead relay.
+	waking atomic.Bool
+}
+
+func newReaper(r *Relay) *reaper { return &reaper{r: r, due: make(chan struct{}, 1)} }
+
 // stepReap returns expired claims to pending and reports how many it returned.
-func (r *Relay) stepReap(ctx context.Context) (int, error) { return r.reap(ctx, r.cfg.Lease, nil) }
+func (r *Relay) stepReap(ctx context.Context) (int, error) {
+	return r.reaper.reap(ctx, r.cfg.Lease, nil)
+}
 
 // reap returns the claims older than lease to pending. It reads from floor
 // (nil: from the start), which only the caller's goroutine may use.
-func (r *Relay) reap(ctx context.Context, lease time.Duration, floor *readFloor) (int, error) {
+func (p *reaper) reap(ctx context.Context, lease time.Duration, floor *readFloor) (int, error) {
+	r := p.r
 	total := 0
 	for {
 		// Bounded: a half-open connection must not hang the reaper (and
 		// with it the relay's shutdown) until TCP gives up.
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
-		tag, err := r.execFrom(sctx, floor, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts, r.listenPID.Load()))
+		tag, err := r.execFrom(sctx, floor, queries.RelayReap(lease.Milliseconds(), r.cfg.BatchSize, r.cfg.MaxAttempts, r.listener.pid.Load()))
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("reap: %w", err)
@@ -41,7 +67,8 @@ func (r *Relay) reap(ctx context.Context, lease time.Duration, floor *readFloor)
 // expire marks dead the events that may have reached the broker longer than
 // the redelivery window ago and were never marked published (their
 // consumers' dedupe records may be gone), and reports how many.
-func (r *Relay) expire(ctx context.Context) (int, error) {
+func (p *reaper) expire(ctx context.Context) (int, error) {
+	r := p.r
 	total := 0
 	for {
 		sctx, cancel := context.WithTimeout(ctx, claimTimeout)
@@ -87,13 +114,13 @@ func (w watchResult) what() uint32 {
 
 // bury asks the reaper to take over what dead relays left (what: watchDead,
 // watchSilenced); nothing when what is 0.
-func (r *Relay) bury(what uint32) {
+func (p *reaper) bury(what uint32) {
 	if what == 0 {
 		return
 	}
-	r.buryWhat.Or(what)
+	p.what.Or(what)
 	select {
-	case r.buryNow <- struct{}{}:
+	case p.due <- struct{}{}:
 	default:
 	}
 }
@@ -103,8 +130,9 @@ func (r *Relay) bury(what uint32) {
 // live relays' shares grow: all of them are told to renew now), returns
 // their claims to pending, and, when writers are silent because of one of
 // them, tells writers to notify again on their behalf.
-func (r *Relay) takeOver(ctx context.Context, what uint32) {
-	if what&watchStalled != 0 && r.terminateStalled(ctx) {
+func (p *reaper) takeOver(ctx context.Context, what uint32) {
+	r := p.r
+	if what&watchStalled != 0 && p.terminateStalled(ctx) {
 		what |= watchDead
 	}
 	if what&watchDead != 0 {
@@ -122,7 +150,7 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 			}
 			return
 		}
-		n, err := r.reap(ctx, r.cfg.Lease, &r.reapFloor)
+		n, err := p.reap(ctx, r.cfg.Lease, &p.floor)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("returning the claims of relays that died failed; the reaper tries again", slog.Any("error", err))
 		}
@@ -148,30 +176,31 @@ func (r *Relay) takeOver(ctx context.Context, what uint32) {
 			}
 		}
 	}
-	if what&watchSilenced != 0 && r.wakingWriters.CompareAndSwap(false, true) {
+	if what&watchSilenced != 0 && p.waking.CompareAndSwap(false, true) {
 		// On its own goroutine: the wait for writers (up to exitWait) must
 		// not hold up the next takeover.
 		r.log.Warn("writers are silent because of a relay that is gone (it said \"busy\" and died): telling them to notify again")
 		go func() {
-			defer r.wakingWriters.Store(false)
+			defer p.waking.Store(false)
 			r.wakeWriters(ctx)
 		}()
 	}
 }
 
-func (r *Relay) reapLoop(ctx context.Context) {
+func (p *reaper) run(ctx context.Context) {
+	r := p.r
 	t := time.NewTicker(r.cfg.ReapInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.buryNow:
-			r.takeOver(ctx, r.buryWhat.Swap(0))
+		case <-p.due:
+			p.takeOver(ctx, p.what.Swap(0))
 			continue
 		case <-t.C:
 		}
-		n, err := r.reap(ctx, r.cfg.Lease, &r.reapFloor)
+		n, err := p.reap(ctx, r.cfg.Lease, &p.floor)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.Warn("reaper failed", slog.Any("error", err))
@@ -179,7 +208,7 @@ func (r *Relay) reapLoop(ctx context.Context) {
 			r.log.Warn("returned expired claims to pending", slog.Int("rows", n))
 			r.kick()
 		}
-		switch n, err := r.expire(ctx); {
+		switch n, err := p.expire(ctx); {
 		case err != nil && ctx.Err() == nil:
 			r.log.Warn("marking events past their redelivery window dead failed", slog.Any("error", err))
 		case n > 0:
@@ -194,12 +223,13 @@ func (r *Relay) reapLoop(ctx context.Context) {
 // terminateStalled terminates the LISTEN backends of the relays the watch
 // found stalled (still stalled now), so that their work is taken over as a
 // dead relay's, and reports whether it terminated any.
-func (r *Relay) terminateStalled(ctx context.Context) bool {
-	p := r.stalled.Swap(nil)
-	if p == nil {
+func (p *reaper) terminateStalled(ctx context.Context) bool {
+	r := p.r
+	pids := p.stalled.Swap(nil)
+	if pids == nil {
 		return false
 	}
-	st := queries.RelayStalled(*p, stallAfter.Milliseconds())
+	st := queries.RelayStalled(*pids, stallAfter.Milliseconds())
 	type stalled struct {
 		Relay string
 		PID   int32

@@ -41,11 +41,11 @@ func TestReaperLeavesItsOwnClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r.listenPID.Store(pid) // the relay's own LISTEN backend, as it believes
+	r.listener.pid.Store(pid) // the relay's own LISTEN backend, as it believes
 	if n, err := r.stepReap(ctx); err != nil || n != 0 {
 		t.Fatalf("the reaper returned %d of its own relay's claims (%v), want 0", n, err)
 	}
-	r.listenPID.Store(0) // its LISTEN connection is down: the claims are a dead backend's
+	r.listener.pid.Store(0) // its LISTEN connection is down: the claims are a dead backend's
 	if n, err := r.stepReap(ctx); err != nil || n != 3 {
 		t.Fatalf("the reaper returned %d claims of a dead LISTEN backend (%v), want 3", n, err)
 	}

@@ -41,7 +41,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/tracing"
@@ -63,13 +62,12 @@ const (
 
 // Relay moves events from outbox_messages to a broker.
 type Relay struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	broker    broker.Broker
-	log       *slog.Logger
-	listenCfg *pgx.ConnConfig
-	wake      chan struct{}
-	stats     counters
+	cfg    Config
+	pool   *pgxpool.Pool
+	broker broker.Broker
+	log    *slog.Logger
+	wake   chan struct{}
+	stats  counters
 
 	// own: how this relay owns what it publishes (ownership.go), chosen
 	// once from Config.Ownership, or when Run starts for OwnAuto; ownName
@@ -79,68 +77,14 @@ type Relay struct {
 	// slotsFreed: another relay gave partition slots back; renew now.
 	slotsFreed atomic.Bool
 
-	// Owned by drainLoop: what this relay may assume about the writers
-	// (wakeup.go), and when rows it failed become claimable again.
-	state   wakeState
-	retries retrySchedule
-	// recent: the claims that found rows in the last busyWindow, across
-	// drains: the commit rate the busy rule reads.
-	recent claimWindow
-	// resync: the LISTEN connection came back; writers may have been told
-	// nothing since (a PostgreSQL crash can undo the flag's last change), so
-	// the next drain must say "sleep" again before waiting.
-	resync atomic.Bool
-	// listenNow cuts the LISTEN connection's reconnect backoff short: the
-	// drainer reached the database again.
-	listenNow chan struct{}
-	// dbFailures counts drains in a row that failed (the database
-	// unreachable, a statement timed out); dbDownSince is when the first
-	// failed, dbWarned when the last warning was logged and dbRetryAt when
-	// the backoff ends (polls wait for it; a notification does not).
-	dbFailures                       int
-	dbDownSince, dbWarned, dbRetryAt time.Time
-	// dbLost counts drains in a row tried again at once because the server
-	// closed their pooled connection (drainFailed).
-	dbLost int
-	// batchCap, when not 0, caps the rows of a claim below BatchSize: a
-	// publish timed out, and was retried smaller (drain.go). Owned by
-	// drainLoop.
-	batchCap int
-	// floor is where the claims' reads start (floor.go), owned by
-	// drainLoop; reapFloor the reaper's, owned by reapLoop. lastRead is
-	// the rows the last claim returned.
-	floor, reapFloor readFloor
-	lastRead         int
-	// heldClaims: the tokens of the latest claims (claim.go), for a
-	// restamp after the LISTEN connection came back.
-	heldClaims heldClaims
-	// brokerFailures counts batches Redis refused as a whole in a row, across
-	// drains; brokerDownUntil is when the current backoff ends.
-	brokerFailures  int
-	brokerDownUntil time.Time
-	// listenPID is the backend pid of the LISTEN connection while it is up
-	// (0 otherwise): it holds the relay's ownership lock, and its claims,
-	// slots and "busy" word carry it, so that the other relays take them
-	// over the moment it is gone (migration 0012).
-	listenPID atomic.Uint32
-	// buryNow wakes the reaper to take over the work of relays that died
-	// (reap.go); buryWhat says what the watch saw.
-	buryNow  chan struct{}
-	buryWhat atomic.Uint32
-	// stalled: the LISTEN backends of the relays the watch last found
-	// stalled, for the reaper to terminate (reap.go).
-	stalled atomic.Pointer[[]int32]
-	// wakingWriters: a goroutine says "sleep" for a dead relay (reap.go).
-	wakingWriters atomic.Bool
-	// pastPIDs are the pids of this process's earlier LISTEN connections
-	// (owned by the listener): its claims under them are stamped with the
-	// new one when the connection comes back.
-	pastPIDs []int32
-	// listenTried is closed once the first LISTEN connection is up, or its
-	// attempt failed: the first drain waits for it (firstListenWait at
-	// most), so that its claims and slots carry the LISTEN backend's pid.
-	listenTried     chan struct{}
-	listenTriedOnce sync.Once
+	// loop is what the drainer owns between drains (loop.go).
+	loop drainState
+	// reaper is the maintenance service (reap.go): expired claims, events
+	// past their redelivery window, the work of relays that died.
+	reaper *reaper
+	// listener is the LISTEN connection (listen.go): wake-ups, liveness,
+	// the watch for relays that died.
+	listener *listener
 	// stop ends Run with a cause (ErrMixedOwnership, found by the LISTEN
 	// connection); set by Run.
 	stop context.CancelCauseFunc
@@ -186,31 +130,20 @@ func New(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
 			ErrConfig, c.ConfirmTimeout(), cfg.PublishTimeout)
 	}
 	cfg = cfg.withDefaults()
-	listenCfg := cfg.ListenConfig
-	if listenCfg == nil {
-		listenCfg = pool.Config().ConnConfig.Copy()
-		app := listenCfg.RuntimeParams["application_name"]
-		if app == "" {
-			app = "outbox-relay"
-		}
-		listenCfg.RuntimeParams["application_name"] = app + "-listen"
-	}
 	r := &Relay{
-		cfg:       cfg,
-		pool:      pool,
-		log:       cfg.Logger.With(slog.String("relay", cfg.Name)),
-		listenCfg: listenCfg,
-		wake:      make(chan struct{}, 1),
-		listenNow: make(chan struct{}, 1),
-		buryNow:   make(chan struct{}, 1),
+		cfg:  cfg,
+		pool: pool,
+		log:  cfg.Logger.With(slog.String("relay", cfg.Name)),
+		wake: make(chan struct{}, 1),
 
-		listenTried: make(chan struct{}),
 		// A relay starting cannot know what writers were last told (a
 		// relay killed while draining leaves them silent): it says
 		// "sleep" before it waits for a notification.
-		state:  unsure,
+		loop:   drainState{state: unsure},
 		broker: b,
 	}
+	r.reaper = newReaper(r)
+	r.listener = newListener(r, cfg.ListenConfig)
 	r.chooseOwnership(cfg.Ownership)
 	return r, nil
 }
@@ -290,7 +223,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var lwg sync.WaitGroup
 	lwg.Go(func() {
 		defer cancel(nil) // the listener stopped the relay (ErrMixedOwnership)
-		r.listenLoop(lctx)
+		r.listener.run(lctx)
 	})
 	for _, run := range r.services() {
 		wg.Go(func() { run(ctx) })
@@ -315,7 +248,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // lease renewal is not one: it runs on the drainer's goroutine, between
 // batches, so that a slot is never given back with a batch of it in flight.)
 func (r *Relay) services() []func(context.Context) {
-	run := []func(context.Context){r.reapLoop}
+	run := []func(context.Context){r.reaper.run}
 	if m, ok := r.broker.(broker.Maintainer); ok {
 		run = append(run, m.Maintain)
 	}
@@ -327,7 +260,7 @@ func (r *Relay) services() []func(context.Context) {
 const firstListenWait = 2 * time.Second
 
 // listenAttempted ends the first drain's wait for the LISTEN connection.
-func (r *Relay) listenAttempted() { r.listenTriedOnce.Do(func() { close(r.listenTried) }) }
+func (r *Relay) listenAttempted() { r.listener.triedOnce.Do(func() { close(r.listener.tried) }) }
 
 // kick wakes the drainer; wake-ups that arrive while it is busy coalesce into
 // one more drain, so none is lost.

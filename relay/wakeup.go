@@ -208,7 +208,7 @@ func (c *claimWindow) trim(now time.Time) {
 // lock in turn, each through its WAL flush.
 func (r *Relay) busyNow(now time.Time) bool {
 	ok := r.stillBusy(now) // trims first
-	return ok && len(r.recent.claims) >= 2
+	return ok && len(r.loop.recent.claims) >= 2
 }
 
 // stillBusy: the claims of the last busyWindow found Config.BusyRows rows,
@@ -216,8 +216,8 @@ func (r *Relay) busyNow(now time.Time) bool {
 // Under heavy load a round trip can outlast busyWindow, and each claim then
 // finds many rows.
 func (r *Relay) stillBusy(now time.Time) bool {
-	r.recent.trim(now)
-	return r.recent.sum >= min(r.cfg.BusyRows, r.cfg.BatchSize)
+	r.loop.recent.trim(now)
+	return r.loop.recent.sum >= min(r.cfg.BusyRows, r.cfg.BatchSize)
 }
 
 // sent records a claim's round trip: what it told writers, if it succeeded.
@@ -228,7 +228,7 @@ func (w *wakeup) sent(res BatchResult, err error) {
 		// later step failed after it did: they may be silent.
 		w.r.setState(unsure)
 	} else {
-		w.r.setState(w.r.state.after(w.op, res.Slept))
+		w.r.setState(w.r.loop.state.after(w.op, res.Slept))
 	}
 	w.sentOp, w.op = w.op, flagNone
 }
@@ -239,9 +239,9 @@ func (w *wakeup) sent(res BatchResult, err error) {
 func (w *wakeup) empty(ctx context.Context) (done bool) {
 	r := w.r
 	switch {
-	case r.state == asleep:
+	case r.loop.state == asleep:
 		return true
-	case r.state == saidBusy && (w.lingered < busyLingerClaims || r.stillBusy(time.Now())):
+	case r.loop.state == saidBusy && (w.lingered < busyLingerClaims || r.stillBusy(time.Now())):
 		// Busy, and the claim came back empty: commits arrive in waves
 		// (one per WAL flush, longer apart the busier the disk), so wait
 		// for the next one before asking writers to notify again: at
@@ -268,7 +268,7 @@ func (w *wakeup) published(ctx context.Context, res BatchResult) {
 	r := w.r
 	w.lingered = 0
 	now := time.Now()
-	r.recent.add(now, res.Claimed)
+	r.loop.recent.add(now, res.Claimed)
 	// Busy at the rate of busyNow, or when a claim after the first of this
 	// drain finds BusyRows rows (or a full batch): slow round trips, each
 	// over busyWindow, still meet several commits each. "Busy" is said only
@@ -276,14 +276,8 @@ func (w *wakeup) published(ctx context.Context, res BatchResult) {
 	// that backend goes.
 	w.nonEmpty++
 	busy := r.busyNow(now) || w.nonEmpty >= 2 && res.Claimed >= min(r.cfg.BusyRows, r.cfg.BatchSize)
-	if r.state != saidBusy && busy && r.listenPID.Load() != 0 {
+	if r.loop.state != saidBusy && busy && r.listener.pid.Load() != 0 {
 		w.op = flagBusy
-	}
-	if r.state == saidBusy && r.cfg.BusyPace > 0 && res.Claimed < r.cfg.BatchSize/4 {
-		// Busy with a stream of small batches: let commits gather rather
-		// than pay a claim, a pipeline and a mark for a few rows each time
-		// (on 2 cores that work competes with the writers themselves).
-		retry.Sleep(ctx, r.cfg.BusyPace)
 	}
 }
 
@@ -302,22 +296,9 @@ func (r *Relay) pause(ctx context.Context, d time.Duration) {
 // A relay that told writers it is busy claims again after an empty claim,
 // at least busyLingerClaims times in a row and as long as its claims of the
 // last busyWindow found BusyRows rows (stillBusy), before it goes back to
-// sleep: a busyLingerStep later at first, then less often (lingerStep). It
-// tells them so at BusyRows rows in busyWindow (busyNow), or BusyRows in
-// one claim after the first of a drain: a rate at which their NOTIFYs cost
-// the writers more than waking the relay saves. Below it
-// each commit wakes the relay at once; busy, a commit can wait a linger step
-// for the next claim. With a 2 ms step, at 200 TEDs/s (one commit every
-// 5 ms) the relay lingered from one commit to the next and tripled commit →
-// stream. At 1,000/s a 0.5 ms step without the pace gave p50 and p99 of
-// 0.6× and 0.4× those of the 2 ms step and pace in one session, the same
-// within noise in another, and the writers' throughput the same or better
-// (bench latency and bench writers, docs/log.md 2026-12-03). With the rule
-// of before (rows per claim, then three steps), a relay with short round
-// trips (a lone partition owner that sends no wake-up NOTIFY) fell asleep
-// between the waves of 32 writers far more often: 85-1,927 notifications
-// per 6 s run against 52-329, and the writers fell from 0.81 to 0.70 of
-// notify off (docs/log.md, 2026-12-05 morning).
+// sleep: a busyLingerStep later at first, then less often (lingerStep).
+// Each number's measured reason: docs/design.md, "The wake-up protocol's
+// numbers".
 const (
 	busyLingerClaims = 3
 	busyLingerStep   = 500 * time.Microsecond
@@ -338,10 +319,10 @@ func lingerStep(n int) time.Duration {
 // chaos suite reads them to hold a writer open while this relay is the only
 // one that told writers it is busy (internal/chaos, rolling deploys).
 func (r *Relay) setState(s wakeState) {
-	if s == r.state {
+	if s == r.loop.state {
 		return
 	}
-	r.state = s
+	r.loop.state = s
 	r.log.Debug("wake state", slog.String("state", s.String()))
 }
 
@@ -355,7 +336,7 @@ const exitWait = 3 * time.Second
 // notify again, waits for those writers (exitWait at most), and wakes the
 // other relays with a NOTIFY sent when that wait is over.
 func (r *Relay) sleepOnExit() {
-	if r.state == asleep {
+	if r.loop.state == asleep {
 		return
 	}
 	r.wakeWriters(context.Background())

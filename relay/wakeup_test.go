@@ -99,8 +99,8 @@ func TestBusyOnlyAtARateOfSeveralCommits(t *testing.T) {
 		{500, []int{1, 1}, 0, true, 2},
 		{500, []int{1}, 0, false, 2},
 	} {
-		r := &Relay{cfg: Config{BatchSize: c.batch, BusyPace: -1, BusyRows: cmp.Or(c.rows, DefaultBusyRows)}}
-		r.listenPID.Store(42)
+		r := &Relay{listener: &listener{}, cfg: Config{BatchSize: c.batch, BusyRows: cmp.Or(c.rows, DefaultBusyRows)}}
+		r.listener.pid.Store(42)
 		w := r.newWakeup(false)
 		for i, n := range c.claimed {
 			if i > 0 {
@@ -121,11 +121,11 @@ func TestBusyOnlyAtARateOfSeveralCommits(t *testing.T) {
 // busy again), and busyLingerClaims times after; then it says "sleep".
 func TestBusyRelayLingersWhileTheRateHolds(t *testing.T) {
 	ctx := t.Context()
-	r := &Relay{cfg: Config{BatchSize: 500, BusyPace: -1, BusyRows: DefaultBusyRows}}
-	r.state = saidBusy
+	r := &Relay{listener: &listener{}, cfg: Config{BatchSize: 500, BusyRows: DefaultBusyRows}}
+	r.loop.state = saidBusy
 	w := r.newWakeup(false)
 	for i := range 2 * busyLingerClaims {
-		r.recent.add(time.Now(), DefaultBusyRows) // the rate holds
+		r.loop.recent.add(time.Now(), DefaultBusyRows) // the rate holds
 		if w.empty(ctx) || w.op != flagNone {
 			t.Fatalf("empty claim %d, %d rows claimed just before: the relay stopped lingering (op %d)", i+1, DefaultBusyRows, w.op)
 		}
@@ -143,8 +143,8 @@ func TestBusyRelayLingersWhileTheRateHolds(t *testing.T) {
 // says "sleep": commits arrive in waves, one per WAL flush.
 func TestBusyRelayLingersAFewClaimsBelowTheRate(t *testing.T) {
 	ctx := t.Context()
-	r := &Relay{cfg: Config{BatchSize: 500, BusyPace: -1, BusyRows: DefaultBusyRows}}
-	r.state = saidBusy
+	r := &Relay{listener: &listener{}, cfg: Config{BatchSize: 500, BusyRows: DefaultBusyRows}}
+	r.loop.state = saidBusy
 	w := r.newWakeup(false)
 	for i := range busyLingerClaims {
 		if w.empty(ctx) || w.op != flagNone {
@@ -153,30 +153,6 @@ func TestBusyRelayLingersAFewClaimsBelowTheRate(t *testing.T) {
 	}
 	if w.empty(ctx) || w.op != flagSleep {
 		t.Fatalf("after %d lingers below the rate: op %d, want the sleep", busyLingerClaims, w.op)
-	}
-}
-
-// A busy relay pauses after a small batch only when asked to (BusyPace): by
-// default it claims again at once, since each pause is latency every event
-// of the next batch pays.
-func TestBusyRelayPacesOnlyWhenAsked(t *testing.T) {
-	const pace = 50 * time.Millisecond
-	for _, c := range []struct {
-		cfg    Config
-		paused bool
-	}{
-		{Config{BatchSize: 500}, false},
-		{Config{BatchSize: 500, BusyPace: -1}, false},
-		{Config{BatchSize: 500, BusyPace: pace}, true},
-	} {
-		r := &Relay{cfg: c.cfg.withDefaults()}
-		r.state = saidBusy
-		w := r.newWakeup(false)
-		start := time.Now()
-		w.published(t.Context(), BatchResult{Claimed: 1})
-		if took := time.Since(start); (took >= pace) != c.paused {
-			t.Errorf("busy pace %s: a small batch's publish returned after %s, want a pause of %s: %v", c.cfg.BusyPace, took, pace, c.paused)
-		}
 	}
 }
 
@@ -199,8 +175,8 @@ func TestLoneOwnerOnlyWithTheBackendItsRenewalCarried(t *testing.T) {
 		{"renewed without a backend", 0, 0, 1, false},
 		{"another relay alive", 42, 42, 2, false},
 	} {
-		r := &Relay{}
-		r.listenPID.Store(c.live)
+		r := &Relay{listener: &listener{}}
+		r.listener.pid.Store(c.live)
 		p := &partitionLeases{r: r, leases: leases{slots: 2, held: held, relays: c.relays, pid: c.renewed}}
 		if got := p.alone(now); got != c.alone {
 			t.Errorf("%s: alone %v, want %v", c.name, got, c.alone)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -31,7 +32,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		"how relays divide the outbox: rows (claim each row), partitions (lease slots of partition keys; every relay of a database must use the same), or auto: the ownership of the relays running on the database, rows while a row claimer may still run unseen (after a PostgreSQL restart), else partitions (env OUTBOX_RELAY_OWNERSHIP)")
 	fs.DurationVar(&cfg.Lease, "lease", relay.DefaultLease, "claim lease, and partition lease when the relay leases partitions; expired claims are returned to pending")
 	fs.DurationVar(&cfg.PollInterval, "poll", relay.DefaultPollInterval, "fallback poll interval (NOTIFY wakes the relay sooner)")
-	busyPace := fs.Duration("busy-pace", relay.DefaultBusyPace, "while draining a steady stream of commits, pause this long after a small batch so commits gather (0 = never)")
+	busyPace := fs.Duration("busy-pace", 0, "deprecated, no effect: a busy relay claims again at once after a small batch (a pause cost latency and bought nothing measurable)")
 	fs.IntVar(&cfg.BusyRows, "busy-rows", relay.DefaultBusyRows, "tell writers to stop notifying while draining once claims find this many rows within 20 ms (or one claim after the first of a drain does, or a full batch)")
 	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
@@ -85,9 +86,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	if rc.AllowEvictingRedis, err = allowEvicting(); err != nil {
 		return err
 	}
-	cfg.BusyPace = *busyPace
-	if cfg.BusyPace == 0 {
-		cfg.BusyPace = -1 // never
+	if *busyPace > 0 {
+		log.Warn("--busy-pace is deprecated and has no effect: a busy relay claims again at once after a small batch",
+			slog.Duration("busy_pace", *busyPace))
 	}
 	switch {
 	case rc.StreamRetention < 0 || rc.StreamMaxLen < 0:
