@@ -12,6 +12,7 @@ import (
 // A newcomer reads the README first: it stays short (the issue's bound),
 // the rest is in docs/.
 func TestReadmeStaysShort(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -26,6 +27,7 @@ var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 // Every relative link of the README and docs/ leads to a file that exists
 // and, with a #fragment, to one of its headings.
 func TestDocLinksResolve(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)

@@ -212,6 +212,7 @@ func TestLedgerCrashAtEveryPointPostsEachTransferOnce(t *testing.T) {
 // transfer whose entries are gone, one posted twice, one posted with
 // another amount.
 func TestReconcileFindsLedgerDifferences(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t)
 	teds := f.Settle(10)
 	f.DrainAll(f.NewRelay(f.RelayConfig("r1"), nil))

@@ -12,6 +12,7 @@ import (
 // every migration (the ones Migrations lists, in order) and the outbox works;
 // a second run applies nothing.
 func TestMigrateFromServiceCode(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Exec(`DROP SCHEMA public CASCADE; CREATE SCHEMA public`)
 

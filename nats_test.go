@@ -45,6 +45,7 @@ func startCmds(t *testing.T, cmds ...*exec.Cmd) {
 // keeps its effects in Redis (its report unchanged), the ledger posts each
 // once, status reads the JetStream side, and SIGTERM stops them cleanly.
 func TestEndToEndOnNATS(t *testing.T) {
+	t.Parallel()
 	f := newLedgerFixture(t)
 	stream := outboxtest.NATSStream(t)
 	relayCmd := f.natsCmd("", "relay", "--nats-stream", stream, "--stream-prefix", f.StreamPrefix(), "--poll", "1m")

@@ -27,6 +27,7 @@ import (
 // required columns. One longer than 200 bytes is refused by Write and by the
 // database.
 func TestPartitionKeyDefaultsToTheAggregateID(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	msgs := []outbox.Message{
 		{AggregateType: "account", AggregateID: "a-1", EventType: "account.credited", Payload: []byte(`{}`), PartitionKey: "customer-9"},
@@ -73,6 +74,7 @@ func TestPartitionKeyDefaultsToTheAggregateID(t *testing.T) {
 // partition.Of is a contract other languages implement: PostgreSQL's
 // spelling of it in the package doc gives the same partition for every key.
 func TestPartitionOfMatchesItsSQLSpelling(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	keys := make([]string, 500)
 	for i := range keys {
@@ -101,6 +103,7 @@ func TestPartitionOfMatchesItsSQLSpelling(t *testing.T) {
 // failures and backoff in between, although each event is its own aggregate
 // (the claim's gate orders by partition key).
 func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const keys, perKey, parts = 12, 20, 4
 	for i := range perKey {
@@ -154,6 +157,7 @@ func TestPerPartitionKeyOrderAcrossPartitionStreams(t *testing.T) {
 // first one ends, so seq order is commit order per key: otherwise the later
 // insert could commit first and be published before the earlier one.
 func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	msg := func(agg string) outbox.Message {
 		return outbox.Message{AggregateType: "payment", AggregateID: agg, PartitionKey: "acct-lock", EventType: "payment.made", Payload: []byte(`{}`)}
@@ -233,6 +237,7 @@ func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
 // is judged once, each sender's TEDs are published in commit order, and
 // status and fraud report sum the partitions.
 func TestPartitionedDeploymentWithCommands(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.partitions = 4
 	cmd := func(args ...string) *exec.Cmd {

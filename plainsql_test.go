@@ -23,6 +23,7 @@ import (
 // id, and anti-fraud kept 3 in 4 of them pending forever, "in another
 // partition".)
 func TestTEDsWrittenInPlainSQLAreJudgedInEveryPartition(t *testing.T) {
+	t.Parallel()
 	const parts, senders, perSender = 4, 5, 4
 	f := newFixture(t)
 	f.partitions = parts

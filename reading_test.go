@@ -26,6 +26,7 @@ var readingFile = regexp.MustCompile("`([^`]+)`")
 // are theirs: the table is made by this test (-update), so the lines it
 // quotes for the card's path cannot drift from the code.
 func TestReadingOrder(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile(readingDoc)
 	if err != nil {
 		t.Fatal(err)

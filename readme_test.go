@@ -37,6 +37,7 @@ func TestReadmeConsumerCompiles(t *testing.T) {
 // reads: each of its tables is what package partition computes, and what
 // the relay writes (partition.Stream is the relay's naming).
 func TestDocumentedStreamNames(t *testing.T) {
+	t.Parallel()
 	doc, err := os.ReadFile("docs/streams.md")
 	if err != nil {
 		t.Fatal(err)

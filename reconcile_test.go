@@ -17,6 +17,7 @@ import (
 // pending, a stream entry deleted before anti-fraud read it, an entry
 // anti-fraud has not read yet, and a sender's total changed behind its back.
 func TestReconcileFindsWhatWasPlanted(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
 	stopRelay := f.Run(r.Run)

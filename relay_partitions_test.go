@@ -14,6 +14,7 @@ import (
 // another relay; its late mark changes nothing (fenced by the slots' tokens)
 // and the other relay publishes and marks the rows.
 func TestStalePartitionOwnerIsFenced(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	teds := f.Settle(10) // ten senders: one batch each for A and B
 

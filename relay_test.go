@@ -190,6 +190,7 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 // another relay holds the row, the stale relay's late mark changes nothing;
 // the duplicate it published is skipped downstream.
 func TestStaleRelayIsFenced(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	teds := f.Settle(10)
 
@@ -392,6 +393,7 @@ func TestEndToEndWithCommands(t *testing.T) {
 // Trimming caps the stream but never removes an entry a consumer group has
 // not read, or read and not acknowledged: a lagging consumer loses nothing.
 func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if err := f.consumer("c1", nil).EnsureGroup(f.Ctx); err != nil { // the group exists, but lags
 		t.Fatal(err)
@@ -442,6 +444,7 @@ func TestTrimmingNeverLosesWhatALaggingConsumerNeeds(t *testing.T) {
 
 // A running relay trims the streams it publishes to on its own.
 func TestRelayTrimsWhileRunning(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Run(f.consumer("c1", nil).Run) // keeps up, so everything is acknowledged
 	b := f.RedisBroker(nil, redisbroker.Config{StreamMaxLen: 10, TrimInterval: 50 * time.Millisecond})
@@ -454,6 +457,7 @@ func TestRelayTrimsWhileRunning(t *testing.T) {
 
 // Retention-based trimming respects lagging groups too.
 func TestRetentionTrimmingKeepsUnacknowledged(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if err := f.consumer("c1", nil).EnsureGroup(f.Ctx); err != nil {
 		t.Fatal(err)

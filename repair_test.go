@@ -21,6 +21,7 @@ import (
 // audited (who, when, why, the entry they had); the relay publishes them
 // again and anti-fraud judges each once.
 func TestLostEventsAreRepublishedAndAppliedOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	stopRelay := f.Run(f.NewRelay(f.RelayConfig("relay"), nil).Run)
 	stopConsumer := f.Run(f.consumer("c1", nil).Run)

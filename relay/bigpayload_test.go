@@ -22,6 +22,7 @@ import (
 // the small events of other keys behind a burst of big ones go out in the
 // first batch instead of waiting for them.
 func TestBigPayloadsAreBatchedByBytes(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	const (
 		big      = 1 << 20 // raw bytes of each big payload
@@ -85,6 +86,7 @@ func TestBigPayloadsAreBatchedByBytes(t *testing.T) {
 // refused where it is written, with the constraint's name in the error; one
 // at the limit is written and its raw size kept for the relays' byte budget.
 func TestPayloadOverTheLimitIsRefusedWhereItIsWritten(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	insert := `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('blob', $1, 'blob.stored', jsonb_build_object('data', repeat('x', $2)))`
@@ -103,6 +105,7 @@ func TestPayloadOverTheLimitIsRefusedWhereItIsWritten(t *testing.T) {
 // make the publish timeout. The relay halves its batches until they fit,
 // and every event is published (retried whole, the batch of 20 never was).
 func TestPublishThatTimesOutIsRetriedSmaller(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(20) // 20 senders: one claim takes them all
 	slow := &slowRedis{Client: f.Redis.Client, perXADD: 50 * time.Millisecond}
@@ -163,6 +166,7 @@ func (p *queuingPipe) XAdd(_ context.Context, a *redis.XAddArgs) *redis.StringCm
 // smaller events that fill the byte budget by themselves (a steady flow of
 // them) never keep a big one, and the later events of its key, waiting.
 func TestOldestEventIsNeverLeftBehindSmallerOnes(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Exec(`INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload)
 		VALUES ('blob', 'big', 'blob.stored', jsonb_build_object('data', repeat('x', 1 << 20)))`)

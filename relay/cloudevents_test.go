@@ -70,6 +70,7 @@ func TestCloudEventsAttributesOnEveryEntry(t *testing.T) {
 // On JetStream the attributes are headers, under the NATS binding's names
 // (ce-id, ...) and the entries' (ce_id, ...), with the source given.
 func TestCloudEventsHeadersOnJetStream(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(2)
 	nc, js, err := natsjs.Connect(outboxtest.NATSURL(t), "outbox-test")

@@ -11,6 +11,7 @@ import (
 )
 
 func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
 	c := Config{}.withDefaults()
 	if c.BatchSize != DefaultBatchSize || c.Lease != DefaultLease || c.PollInterval != DefaultPollInterval ||
 		c.MaxAttempts != DefaultMaxAttempts || c.ReapInterval != DefaultLease/2 || c.PublishTimeout != DefaultPublishTimeout ||
@@ -29,6 +30,7 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	for name, c := range map[string]Config{
 		"negative batch":            {BatchSize: -1},
 		"huge batch":                {BatchSize: MaxBatchSize + 1},

@@ -91,6 +91,7 @@ func TestPerAggregateOrderSurvivesFailuresAndRelays(t *testing.T) {
 // An event that keeps failing backs off, ends dead after MaxAttempts with its
 // error kept, and never holds up other aggregates.
 func TestFailingEventGoesDeadWithoutBlockingOthers(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	// A string key where the "poison" aggregate's stream should be: every XADD
 	// to it fails with WRONGTYPE, a per-event error.
@@ -196,6 +197,7 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 // Publishing an event makes the next event of its aggregate claimable, and no
 // NOTIFY announces that: the relay must keep draining, not wait for a poll.
 func TestAggregateChainDrainsWithoutPolling(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -222,6 +224,7 @@ func TestAggregateChainDrainsWithoutPolling(t *testing.T) {
 // SKIP LOCKED: a row locked by someone else (another relay's claim in
 // progress) does not make a claim wait; the claim takes the other rows.
 func TestClaimSkipsLockedRows(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(5)
 	tx, err := f.Pool.Begin(f.Ctx)
@@ -255,6 +258,7 @@ func TestClaimSkipsLockedRows(t *testing.T) {
 // On shutdown the relay stops claiming but finishes the batch in flight, so
 // nothing waits for a lease to expire.
 func TestShutdownFinishesBatchInFlight(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(10)
 	stall := relaytest.NewStallingRedis(f.Redis.Client)

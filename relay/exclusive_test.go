@@ -150,6 +150,7 @@ func runningRelay(ownership string) func(f *fixture) {
 // answer yet (it returns nil when stopped before it could start), and
 // chooses and starts once the database answers.
 func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	pool, _, proxy := f.ProxiedPool("")
 	proxy.Down()
@@ -246,6 +247,7 @@ func TestRelaysOfBothOwnershipsStartedAtOnce(t *testing.T) {
 // pending at once (no claimer is alive), and the key's next event is not
 // published before it.
 func TestPartitionOwnerTakesADeadClaimersRowsBackInOrder(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	var ids []uuid.UUID
 	for range 2 {

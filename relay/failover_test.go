@@ -118,7 +118,7 @@ func TestClaimOfARelayWhoseListenBackendWentIsTakenOverAndFenced(t *testing.T) {
 	f.Run(b.Run)
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return b.Stats().ListenUp }, "relay-b not listening")
 	cutOff.Store(true)
-	f.Exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'relay-a-listen'")
+	f.Exec("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'relay-a-listen'")
 	cut := time.Now()
 	outboxtest.Eventually(t, takeoverBound, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == len(teds)

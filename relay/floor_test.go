@@ -26,6 +26,7 @@ import (
 // entries (about 120,000); now the first few reads do, until the floor has
 // moved twice.
 func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
+	t.Parallel()
 	const n, drains = 3000, 20
 	f := newFixture(t)
 	holdHorizon(t, f.Pool)
@@ -63,6 +64,7 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 // committed later, its event is published at the next drain, before the
 // later event of its key.
 func TestFloorWaitsForAnOpenWriter(t *testing.T) {
+	t.Parallel()
 	publishPastAnOpenWriter(t, func(f *fixture, r *relay.Relay) {
 		for range 3 { // events of other keys, published past the open writer's row
 			time.Sleep(60 * time.Millisecond) // the floor moves at most every 50 ms (floor.go)
@@ -76,6 +78,7 @@ func TestFloorWaitsForAnOpenWriter(t *testing.T) {
 // floor comes back for its rows when it ends: published at the next drain,
 // before the later event of its key.
 func TestFloorPassesOverALongWriterAndComesBack(t *testing.T) {
+	t.Parallel()
 	publishPastAnOpenWriter(t, func(f *fixture, r *relay.Relay) {
 		outboxtest.Eventually(t, 30*time.Second, func() bool {
 			insertEvents(t, f.Pool, "floor", 2)
@@ -213,7 +216,7 @@ func closePool(f *fixture, pool *pgxpool.Pool, name string) {
 	f.T.Helper()
 	pool.Close()
 	outboxtest.Eventually(f.T, 30*time.Second, func() bool {
-		return f.Count("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name) == 0
+		return f.Count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1", name) == 0
 	}, "the backends of %s did not exit", name)
 }
 
@@ -255,6 +258,7 @@ func assertKeyOrder(t *testing.T, entries []relaytest.FirstEntry, key string, wa
 // pending row, each read scanned every pending row, checked each one's key
 // and sorted them: 1.8 s a read over 116,000 rows.
 func TestBacklogUnderStaleStatisticsIsReadInOrder(t *testing.T) {
+	t.Parallel()
 	const n = 20_000
 	f := newFixture(t)
 	f.Exec("ALTER TABLE outbox_messages SET (autovacuum_enabled = false)")

@@ -43,6 +43,7 @@ func (f *fixture) jetStreamRelay(name string) (*relay.Relay, jetstream.JetStream
 // duplicate window: the stream holds each event once, and the row gets the
 // first publication's sequence again.
 func TestJetStreamPublishesEachEventOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	teds := f.Settle(20)
 	r, js, stream := f.jetStreamRelay("r1")
@@ -111,6 +112,7 @@ func TestJetStreamPublishesEachEventOnce(t *testing.T) {
 // no attempt against the events, and publishes everything once the server
 // is back.
 func TestJetStreamOutageCountsNoAttempt(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	srv, err := testenv.LocalNATS(context.Background(), testenv.Options{})
 	if err != nil {

@@ -45,6 +45,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 // NOTIFY is only a hint: with the trigger gone, the fallback poll still
 // delivers everything.
 func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if _, err := f.Pool.Exec(f.Ctx, "DROP TRIGGER outbox_messages_notify ON outbox_messages"); err != nil {
 		t.Fatal(err)
@@ -75,6 +76,7 @@ func TestFallbackPollDeliversWithoutNotify(t *testing.T) {
 // A killed LISTEN connection is re-established; events committed while it was
 // down are caught up right after the new LISTEN, not at the next poll.
 func TestListenReconnectsAndCatchesUp(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -121,6 +123,7 @@ func TestListenReconnectsAndCatchesUp(t *testing.T) {
 // A half-open LISTEN connection (no RST, no FIN: the peer just went silent) is
 // noticed by the ping after a quiet poll interval and replaced.
 func TestHalfOpenListenConnectionIsReplaced(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	cfg := f.RelayConfig("r1")
 	listen, err := pgx.ParseConfig(f.DBURL)

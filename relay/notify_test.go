@@ -17,6 +17,7 @@ import (
 // and commits after the relay's last claim is still picked up at once, not at
 // the fallback poll (ten minutes here).
 func TestWriterThatSawRelayBusyIsNotLeftForThePoll(t *testing.T) {
+	t.Parallel()
 	// A writer that commits while the relay waits for the lock (20 ms at
 	// most), and one that is still in its transaction when the wait ends.
 	// Zero: commit as soon as the relay is seen waiting.
@@ -81,6 +82,7 @@ func testWriterThatSawRelayBusyIn(t *testing.T, open time.Duration, params map[s
 // Under a steady trickle, writers stop notifying once the relay is busy, and
 // every event is still published without the fallback poll.
 func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -119,6 +121,7 @@ func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 // A relay that died while draining leaves writers silent; the next fallback
 // poll of any relay tells them to notify again.
 func TestPollReassertsSleepAfterARelayDiedBusy(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	cfg := f.RelayConfig("r1")
 	cfg.PollInterval = 100 * time.Millisecond
@@ -132,6 +135,7 @@ func TestPollReassertsSleepAfterARelayDiedBusy(t *testing.T) {
 }
 
 func TestNotifyModeSwitches(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	mode := func(m string) (string, error) {
 		var prev string
@@ -185,6 +189,7 @@ func TestNotifyModeSwitches(t *testing.T) {
 // behind when the writer rolls back to a savepoint and goes on: the relay's
 // way back to sleep must not wait for it until its transaction ends.
 func TestFailedInsertInASavepointLeavesNoWriterLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ted := transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 1}
 	if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
@@ -234,6 +239,7 @@ func TestFailedInsertInASavepointLeavesNoWriterLock(t *testing.T) {
 // out waiting for a writer that saw the relay busy: a leaked lock would stall
 // every writer that reads the flag as 0.
 func TestRelaySleepLeavesNoLockBehind(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	conn, err := f.Pool.Acquire(f.Ctx)
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 // The slot SQL computes for a key is the one the relay computes in Go
 // (partition.Of): the relay fences each row's mark with its slot's token.
 func TestRelaySlotMatchesPartitionOf(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	for i := range 2000 {
 		key := fmt.Sprintf("acct-%d", i*7919)

@@ -19,6 +19,7 @@ import (
 // failed so, twice in CI). Here the claim's pid is one no relay holds, as
 // the dying relay's was by the time the statement read it.
 func TestReaperLeavesItsOwnClaims(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool := outboxtest.Postgres(t)
 	rdb := outboxtest.NewRedis(t)

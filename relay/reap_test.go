@@ -11,6 +11,7 @@ import (
 // relay that held them, pages through more than a batch, and leaves live
 // claims alone; the rows it returned are then published.
 func TestReapReturnsOnlyExpiredClaims(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(8)
 	// Claims by a relay that vanished: five expired two minutes ago (one

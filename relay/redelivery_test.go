@@ -23,6 +23,7 @@ import (
 // gone): it goes dead with the reason, and the later events of its key go
 // on.
 func TestEventPastItsRedeliveryWindowGoesDead(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ids := f.writeKey("sender-1", 2)
 	f.Exec(`UPDATE outbox_messages SET first_sent_at = now() - interval '2 hours', attempts = 1 WHERE id = $1`, ids[0])
@@ -43,6 +44,7 @@ func TestEventPastItsRedeliveryWindowGoesDead(t *testing.T) {
 // window starts (first_sent_at). One whose connection was never made did
 // not: no window starts, and a long outage does not kill the events.
 func TestPublishThatMayHaveLandedStartsTheWindow(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		err   error

@@ -10,6 +10,7 @@ import (
 // A stream nobody has created a group on yet is not trimmed: its consumers
 // may simply not have started.
 func TestTrimmingLeavesStreamsWithoutGroups(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Settle(30)
 	b := f.RedisBroker(nil, redisbroker.Config{StreamMaxLen: 5})

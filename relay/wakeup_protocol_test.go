@@ -49,6 +49,7 @@ func (f *fixture) publishedQuickly(why string) {
 // carries the mark times out, the mark alone must time out too, and the relay
 // must stop.
 func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Exec(`CREATE FUNCTION test_hang_marks() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -102,6 +103,7 @@ func TestLoneMarkAfterFailedClaimHasADeadline(t *testing.T) {
 // after the flag went to 0, in the claim of the round trip that set it (a
 // row claim's UPDATE to publishing: the fault needs row claims).
 func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.Exec(`CREATE SEQUENCE test_fault_once`)
 	f.Exec(`CREATE FUNCTION test_fail_busy_claim() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -140,6 +142,7 @@ func TestFailedBusyRoundTripDoesNotLeaveWritersSilent(t *testing.T) {
 // lock wait, so a writer that saw "busy" and committed during the wait was
 // invisible to it. The relay must pin the isolation level it needs.
 func TestWriterThatSawRelayBusyUnderRepeatableRead(t *testing.T) {
+	t.Parallel()
 	for _, open := range []time.Duration{0, 15 * time.Millisecond, 300 * time.Millisecond} {
 		t.Run(open.String(), func(t *testing.T) {
 			testWriterThatSawRelayBusyIn(t, open, map[string]string{"default_transaction_isolation": "repeatable read"})
@@ -179,6 +182,7 @@ func (p failFirstPipe) XAdd(ctx context.Context, a *redis.XAddArgs) *redis.Strin
 // fails once and backs off 1s; meanwhile another event wakes the relay. The
 // failed event must still be retried at its backoff, not at the poll.
 func TestNotificationKeepsFailedEventsRetry(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	rdb := &failFirstXAdd{Client: f.Redis.Client, stream: f.StreamPrefix() + "account", failed: make(chan struct{})}
 	cfg := f.RelayConfig("r1")
@@ -212,6 +216,7 @@ func TestNotificationKeepsFailedEventsRetry(t *testing.T) {
 // were still in their transactions left their rows for a peer's poll. It
 // must wait for them and wake its peers on the way out.
 func TestGracefulStopWakesPeersForWritersThatSawItBusy(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, held := f.heldBusyRelay()
 
@@ -253,6 +258,7 @@ func TestGracefulStopWakesPeersForWritersThatSawItBusy(t *testing.T) {
 // crash, which can also undo the flag's last asynchronous change), the
 // catch-up drain did not tell writers again that the relay sleeps.
 func TestListenReconnectReassertsSleep(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -357,6 +363,7 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 // at a fixed pace, warns once rather than on every attempt, and says at INFO
 // when the database and its LISTEN connection are back.
 func TestDatabaseOutageBacksOffAndReportsRecovery(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	pool, pgCfg, proxy := f.ProxiedPool("outbox-test-proxied")
 
@@ -423,6 +430,7 @@ const drainRetryMaxForTest = 5 * time.Second
 // (SET TRANSACTION outside a transaction block logged one per round trip,
 // 52,000 lines in one benchmark).
 func TestRelayRoundTripsRaiseNoNotices(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	cfg, err := pgxpool.ParseConfig(f.DBURL)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 )
 
 func TestWakeStateTransitions(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		from  wakeState
 		op    flagOp
@@ -33,6 +34,7 @@ func TestWakeStateTransitions(t *testing.T) {
 }
 
 func TestRetryScheduleKeepsEveryTimeUntilCovered(t *testing.T) {
+	t.Parallel()
 	t0 := time.Unix(1000, 0)
 	var q retrySchedule
 	q.add(t0.Add(3 * time.Second))
