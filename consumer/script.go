@@ -8,9 +8,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Redis path: a handler whose state lives in Redis applies each
-// message's effect with a Lua script that, atomically (a script runs
-// whole or not at all, and must do every check before its first write):
+// The Redis path, by hand: a handler whose state lives in Redis applies
+// each message's effect with a Lua script that, atomically (a script runs
+// whole or not at all, and must do every check before its first write),
+// does what follows. NewRedisEffect writes that script around the Lua of
+// one message's effect, so that none of it can be left out; CheckScript
+// checks a script written by hand for it. In detail:
 //
 //  1. refuses with an error starting "FENCED" when the batch has a Fence
 //     and the partition's lease (Batch.Keys.Lease(Batch.Group)) holds
