@@ -132,7 +132,7 @@ func TestOnRedisCluster(t *testing.T) {
 		if err := r.Run(ctx); !errors.Is(err, redisbroker.ErrEvictingRedis) || !strings.Contains(err.Error(), opt.Addr+" allkeys-lru") {
 			t.Fatalf("relay.Run on a cluster with an evicting replica: %v, want ErrEvictingRedis naming %s", err, opt.Addr)
 		}
-		c, err := fraud.New(cc, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", Partitions: 4})
+		c, err := fraud.New(cc, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", Partitions: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,17 +158,13 @@ func (f *fixture) runOnCluster(cc *redis.ClusterClient, minReplicas int) []trans
 		applied = map[string][]string{} // sender -> transfer ids, in the order applied
 	)
 	for _, name := range []string{"c1", "c2"} {
-		c, err := fraud.New(cc, fraud.Config{
-			Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, MinReplicas: minReplicas,
-			Block: 100 * time.Millisecond, PartitionLease: 2 * time.Second,
-			Observer: fraud.ObserverFunc(func(ev fraud.Event, o fraud.Outcome) {
-				if o != fraud.OutcomeDuplicate {
-					mu.Lock()
-					applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.TransferID.String())
-					mu.Unlock()
-				}
-			}),
-		})
+		c, err := fraud.New(cc, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Partitions: f.partitions, Block: 100 * time.Millisecond, PartitionLease: 2 * time.Second}, MinReplicas: minReplicas, Observer: fraud.ObserverFunc(func(ev fraud.Event, o fraud.Outcome) {
+			if o != fraud.OutcomeDuplicate {
+				mu.Lock()
+				applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.TransferID.String())
+				mu.Unlock()
+			}
+		})})
 		if err != nil {
 			t.Fatal(err)
 		}

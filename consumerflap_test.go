@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
@@ -31,8 +32,7 @@ func TestConsumerWhoseRedisConnectionsAreKilledAgainAndAgain(t *testing.T) {
 	opt.ClientName = name
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { _ = rdb.Close() })
-	c, err := fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1",
-		Block: 100 * time.Millisecond, AuditLen: 100_000})
+	c, err := fraud.New(rdb, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", Block: 100 * time.Millisecond}, AuditLen: 100_000})
 	if err != nil {
 		t.Fatal(err)
 	}

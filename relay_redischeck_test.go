@@ -82,7 +82,7 @@ func TestEvictingRedisIsRefused(t *testing.T) {
 
 	r := f.NewRelayOn(f.RelayConfig("relay"), f.RedisBroker(rdb, redisbroker.Config{}))
 	refused("relay.Run", r.Run(ctx), redisbroker.ErrEvictingRedis)
-	c, err := fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1"})
+	c, err := fraud.New(rdb, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestEvictingRedisIsRefused(t *testing.T) {
 	// Allowed: they run, and the relay publishes.
 	r = f.NewRelayOn(f.RelayConfig("relay"), f.RedisBroker(rdb, redisbroker.Config{AllowEvictingRedis: true}))
 	f.Run(r.Run)
-	c, err = fraud.New(rdb, fraud.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", AllowEvictingRedis: true})
+	c, err = fraud.New(rdb, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: "c1", AllowEvictingRedis: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"net/url"
@@ -131,7 +132,7 @@ func hostPortOf(t *testing.T, raw string) (host, port string) {
 func TestConsumerAcknowledgesOnlyWhatReplicasConfirmed(t *testing.T) {
 	ctx := context.Background()
 	rdb, addReplica := replicatedRedis(t)
-	c, err := fraud.New(rdb, fraud.Config{Consumer: "c1", MinReplicas: 2, ReplicaTimeout: 100 * time.Millisecond})
+	c, err := fraud.New(rdb, fraud.Config{Config: consumer.Config{Consumer: "c1"}, MinReplicas: 2, ReplicaTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

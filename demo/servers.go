@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/tcpproxy"
 	"github.com/tedbank/outbox/relay"
@@ -41,9 +42,11 @@ func (d *demo) setUp(ctx context.Context) error {
 	}
 
 	cons, err := fraud.New(d.viaProxy, fraud.Config{
-		Stream: d.StreamPrefix + transfer.AggregateType, KeyPrefix: d.KeyPrefix, Consumer: "demo-fraud",
-		Partitions: d.Partitions, PartitionLease: 2 * time.Second,
-		Block: 200 * time.Millisecond, ClaimInterval: time.Second, Logger: d.Logger,
+		Config: consumer.Config{
+			Stream: d.StreamPrefix + transfer.AggregateType, KeyPrefix: d.KeyPrefix, Consumer: "demo-fraud",
+			Partitions: d.Partitions, PartitionLease: 2 * time.Second,
+			Block: 200 * time.Millisecond, ClaimInterval: time.Second, Logger: d.Logger,
+		},
 		Observer: fraud.ObserverFunc(func(ev fraud.Event, o fraud.Outcome) {
 			if o != fraud.OutcomeDuplicate {
 				d.tl.mark(ev.EventID, stepVerdict, o.String())

@@ -30,31 +30,14 @@ const (
 	DefaultPartitionLease   = consumer.DefaultPartitionLease
 )
 
-// Config tunes a Consumer. The zero value of every field means its default.
+// Config tunes a Consumer: the consumer group's settings (consumer.Config:
+// stream, group, this consumer's name, key prefix, batches, claims,
+// partitions, the Redis checks, logger, metrics) and anti-fraud's own. The
+// zero value of every field means its default; the group's defaults are
+// anti-fraud's (DefaultStream, DefaultGroup, DefaultKeyPrefix, the
+// consumer's name the hostname, Name "fraud": metrics outbox_fraud_*).
 type Config struct {
-	Stream   string // the stream the relay publishes transfer events to
-	Group    string // consumer group
-	Consumer string // this consumer's name; must be stable across restarts. Default: hostname.
-	// KeyPrefix prefixes every key the consumer writes: the dedupe markers,
-	// verdicts, totals, stats, and the <prefix>alerts and <prefix>dlq streams.
-	KeyPrefix string
-	// BatchSize is how many new entries a read asks for while the consumer
-	// keeps up; under a backlog reads grow to MaxBatchSize
-	// (consumer.Config.BatchSize).
-	BatchSize int
-	// MaxBatchSize is the most entries one read returns (default 5 ×
-	// BatchSize; consumer.Config.MaxBatchSize).
-	MaxBatchSize int
-	// Block bounds one blocking read, and so how long shutdown can take.
-	Block time.Duration
-	// ClaimInterval is how often idle entries of other (dead) consumers are
-	// claimed; ClaimMinIdle is how idle they must be. ClaimMinIdle must exceed
-	// the longest legitimate processing time.
-	ClaimInterval time.Duration
-	ClaimMinIdle  time.Duration
-	// MaxDeliveries is how many deliveries an entry that cannot be processed
-	// gets before it is moved to the dead-letter stream.
-	MaxDeliveries int
+	consumer.Config
 	// DedupeTTL is how long a processed event id is remembered. It must exceed
 	// every redelivery window: New rejects one that does not outlive the
 	// relays' (RelayRedelivery) and the group's own
@@ -62,22 +45,6 @@ type Config struct {
 	// covered: a consumer stopped for longer than the TTL with entries read
 	// and not acknowledged applies them again.
 	DedupeTTL time.Duration
-	// RelayRedelivery is how long after an event's first publication the
-	// relays may publish it again (relay.Config.RedeliveryWindow). Default
-	// consumer.DefaultRelayRedelivery.
-	RelayRedelivery time.Duration
-	// Partitions is how many partitions the relay splits the stream into
-	// (relay.Config.Partitions; they must agree). The consumers of a group
-	// divide the partitions among themselves, each partition applied by one
-	// consumer at a time, in order; a partition's consumer state (markers,
-	// verdicts, totals, alerts, dead letters) lives under its own hash tag
-	// (Keys.Partition). Default 1: one stream, one consumer of the group
-	// applying at a time (the others stand by).
-	Partitions int
-	// PartitionLease is how long a consumer's hold on a partition lasts
-	// without renewal (renewed every PartitionLease/4): a dead consumer's
-	// partitions move to the others within it. Default 10s.
-	PartitionLease time.Duration
 	// MinReplicas: after each batch's effects the consumer waits (Redis
 	// WAIT, on the connection that wrote them) until this many replicas
 	// have them, ReplicaTimeout at most (default 1s), and acknowledges the
@@ -107,21 +74,13 @@ type Config struct {
 	// per-sender order after the fact (the chaos suite checks it). 0, the
 	// default, keeps none.
 	AuditLen int
-	// AllowEvictingRedis lets the consumer start on a Redis whose
-	// maxmemory-policy evicts keys: its dedupe markers can then be evicted
-	// and a redelivered TED judged twice (consumer.Config.AllowEvictingRedis).
-	AllowEvictingRedis bool
-	// Logger receives the consumer's logs. Default: slog.Default().
-	Logger *slog.Logger
-	// Metrics, when set, records the consumer's Prometheus metrics
-	// (NewMetrics).
-	Metrics *consumer.Metrics
 	// Observer, when set, is told of every delivery of a valid event once
 	// its effect is applied or skipped (observer.go).
 	Observer Observer
 }
 
 func (c Config) withDefaults() Config {
+	c.Name = cmp.Or(c.Name, "fraud")
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
 	c.Group = cmp.Or(c.Group, DefaultGroup)
 	if c.Consumer == "" {
@@ -163,9 +122,15 @@ func (c Config) Validate() error {
 }
 
 func (c Config) validate() error {
-	if err := c.engine().Validate(); err != nil {
+	if err := c.Config.Validate(); err != nil {
 		return err
 	}
+	return c.validateOwn()
+}
+
+// validateOwn checks anti-fraud's own settings (New leaves the group's to
+// consumer.New, so that each is checked once).
+func (c Config) validateOwn() error {
 	switch {
 	case c.DedupeTTL < c.ClaimMinIdle || c.DedupeTTL < time.Minute:
 		return fmt.Errorf("dedupe TTL %s: must be at least a minute and longer than the claim min idle", c.DedupeTTL)
@@ -181,17 +146,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("window %s: must be at least 1s", c.Window)
 	}
 	return nil
-}
-
-// engine is the configuration of the consumer.Consumer that reads for
-// anti-fraud.
-func (c Config) engine() consumer.Config {
-	return consumer.Config{
-		Name: "fraud", Stream: c.Stream, Group: c.Group, Consumer: c.Consumer, KeyPrefix: c.KeyPrefix,
-		BatchSize: c.BatchSize, MaxBatchSize: c.MaxBatchSize, Block: c.Block, ClaimInterval: c.ClaimInterval, ClaimMinIdle: c.ClaimMinIdle,
-		MaxDeliveries: c.MaxDeliveries, Partitions: c.Partitions, PartitionLease: c.PartitionLease,
-		RelayRedelivery: c.RelayRedelivery, Logger: c.Logger, Metrics: c.Metrics, AllowEvictingRedis: c.AllowEvictingRedis,
-	}
 }
 
 // Keys names the Redis keys under a prefix. With several partitions, the

@@ -61,12 +61,13 @@ func NewWithSource(rdb redis.Cmdable, src source.Source, cfg Config) (*Consumer,
 // newConsumer checks cfg and makes the consumer of anti-fraud's effects
 // with engine.
 func newConsumer(rdb redis.Cmdable, cfg Config, engine func(consumer.Handler, consumer.Config) (*consumer.Consumer, error)) (*Consumer, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	cfg = cfg.withDefaults()
+	if err := cfg.validateOwn(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	log := cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group))
-	c, err := engine(&effects{cfg: cfg, rdb: rdb, log: log}, cfg.engine())
+	// consumer.New checks the group's settings (consumer.Config.Validate).
+	c, err := engine(&effects{cfg: cfg, rdb: rdb, log: log}, cfg.Config)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
@@ -83,7 +84,7 @@ func BenchmarkEffectScript(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			rdb := outboxtest.NewRedis(b)
 			ctx := context.Background()
-			cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet}.withDefaults()
+			cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet}}.withDefaults()
 			e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
 			keys := Keys{Prefix: cfg.KeyPrefix}
 			if err := effectScript.Load(ctx, rdb.Client).Err(); err != nil {
@@ -118,7 +119,7 @@ func BenchmarkConsumerReadNew(b *testing.B) {
 	rdb := outboxtest.NewRedis(b)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Block: time.Second, Logger: quiet})
+	c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Block: time.Second, Logger: quiet}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -162,8 +163,7 @@ func BenchmarkEffectScriptWindow(b *testing.B) {
 		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
 			rdb := outboxtest.NewRedis(b)
 			ctx := context.Background()
-			cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet,
-				AmountLimitCents: 1 << 40, WindowLimitCents: 1 << 50}.withDefaults()
+			cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "bench", Logger: quiet}, AmountLimitCents: 1 << 40, WindowLimitCents: 1 << 50}.withDefaults()
 			e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
 			keys := Keys{Prefix: cfg.KeyPrefix}
 			if err := effectScript.Load(ctx, rdb.Client).Err(); err != nil {

@@ -44,10 +44,7 @@ func TestVelocityRule(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c, err := New(rdb.Client, Config{
-		Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1",
-		AmountLimitCents: 50_000, WindowLimitCents: 100_000, Window: time.Hour,
-	})
+	c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1"}, AmountLimitCents: 50_000, WindowLimitCents: 100_000, Window: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,10 +100,7 @@ func TestVelocityRule(t *testing.T) {
 func windowConsumer(t *testing.T, rdb outboxtest.Redis) (c *Consumer, stream string, keys Keys) {
 	t.Helper()
 	stream, keys = rdb.Prefix+"outbox.event.transfer", Keys{Prefix: rdb.Prefix + "fraud:"}
-	c, err := New(rdb.Client, Config{
-		Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1",
-		AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
-	})
+	c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1"}, AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,10 +200,7 @@ func TestVelocityVerdictsDoNotDependOnArrivalOrder(t *testing.T) {
 	for n, order := range orders {
 		prefix := fmt.Sprintf("%sorder%d:", rdb.Prefix, n)
 		stream := prefix + "outbox.event.transfer"
-		c, err := New(rdb.Client, Config{
-			Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1",
-			AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour,
-		})
+		c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1"}, AmountLimitCents: 1_000_000, WindowLimitCents: 100_000, Window: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,10 +285,7 @@ func TestVelocityVerdictsMatchTheRuleInAnyArrivalOrder(t *testing.T) {
 		}
 		prefix := fmt.Sprintf("%strial%d:", rdb.Prefix, trial)
 		stream := prefix + "outbox.event.transfer"
-		c, err := New(rdb.Client, Config{
-			Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1",
-			AmountLimitCents: amountLimit, WindowLimitCents: windowLimit, Window: window,
-		})
+		c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: prefix + "fraud:", Consumer: "c1"}, AmountLimitCents: amountLimit, WindowLimitCents: windowLimit, Window: window})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -436,7 +424,7 @@ func TestWindowIsTrimmedToTwoWindows(t *testing.T) {
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
 	keys := Keys{Prefix: rdb.Prefix + "fraud:"}
-	c, err := New(rdb.Client, Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1", Window: time.Hour})
+	c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: "c1"}, Window: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -499,7 +487,7 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := outboxtest.NewRedis(t)
-			cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", AuditLen: tc.audit}.withDefaults()
+			cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}, AuditLen: tc.audit}.withDefaults()
 			e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 			keys := Keys{Prefix: cfg.KeyPrefix}
 			publish(t, rdb, cfg.Stream, "ana", 100, now.Add(-tc.ago)) // a window to join
@@ -560,7 +548,7 @@ func TestEffectOnAKeyOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 func TestRevisionOfAVerdictOfTheWrongTypeLeavesNoHalfEffect(t *testing.T) {
 	ctx := context.Background()
 	rdb := outboxtest.NewRedis(t)
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", WindowLimitCents: 150}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}, WindowLimitCents: 150}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	keys := Keys{Prefix: cfg.KeyPrefix}
 	at := time.Now().UTC()
@@ -641,7 +629,7 @@ func TestEffectOnACounterThatIsNoIntegerLeavesNoHalfEffect(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rdb := outboxtest.NewRedis(t)
-			cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+			cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 			e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 			keys := Keys{Prefix: cfg.KeyPrefix}
 			publish(t, rdb, cfg.Stream, "ana", 100, now)

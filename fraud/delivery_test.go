@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/relay/entry"
 	"github.com/tedbank/outbox/transfer/settled"
@@ -69,8 +70,7 @@ func (d *deliveries) xadd(values []any) {
 // run runs a consumer until the test ends.
 func (d *deliveries) run(name string, mutate func(*Config)) {
 	d.t.Helper()
-	cfg := Config{Stream: d.stream, KeyPrefix: d.prefix, Consumer: name,
-		Block: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 500 * time.Millisecond}
+	cfg := Config{Config: consumer.Config{Stream: d.stream, KeyPrefix: d.prefix, Consumer: name, Block: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 500 * time.Millisecond}}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/tedbank/outbox/consumer"
 )
 
 func testEntry(mutate func(p map[string]any, v map[string]any)) map[string]any {
@@ -69,12 +71,12 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("zero config: %v", err)
 	}
 	for name, c := range map[string]Config{
-		"bad stream":      {Stream: "a b"},
-		"negative batch":  {BatchSize: -1},
-		"negative block":  {Block: -time.Second},
-		"zero deliveries": {MaxDeliveries: -1},
-		"ttl below idle":  {DedupeTTL: 2 * time.Minute, ClaimMinIdle: time.Hour},
-		"bad prefix":      {KeyPrefix: "x y"},
+		"bad stream":      {Config: consumer.Config{Stream: "a b"}},
+		"negative batch":  {Config: consumer.Config{BatchSize: -1}},
+		"negative block":  {Config: consumer.Config{Block: -time.Second}},
+		"zero deliveries": {Config: consumer.Config{MaxDeliveries: -1}},
+		"ttl below idle":  {DedupeTTL: 2 * time.Minute, Config: consumer.Config{ClaimMinIdle: time.Hour}},
+		"bad prefix":      {Config: consumer.Config{KeyPrefix: "x y"}},
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: Validate = %v, want an ErrConfig", name, err)

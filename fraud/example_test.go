@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/relay/entry"
 	"github.com/tedbank/outbox/transfer/settled"
@@ -33,9 +34,11 @@ func ExampleConsumer_Run() {
 
 	stream := "example.fraud.outbox.event.transfer"
 	c, err := fraud.New(rdb, fraud.Config{
-		Stream:    stream,
-		Consumer:  "fraud-1", // stable across restarts
-		KeyPrefix: "example.fraud.",
+		Config: consumer.Config{ // the consumer group's settings
+			Stream:    stream,
+			Consumer:  "fraud-1", // stable across restarts
+			KeyPrefix: "example.fraud.",
+		},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/partition"
 )
@@ -22,7 +23,7 @@ func TestEventAppliedBeforeAChangeOfPartitionsIsNotAppliedAgain(t *testing.T) {
 	ev := d.events[0]
 
 	ctx, cancel := context.WithCancel(d.ctx)
-	before := newGroupConsumer(t, d.rdb, Config{Stream: d.stream, KeyPrefix: d.prefix, Consumer: "c1", Block: 100 * time.Millisecond})
+	before := newGroupConsumer(t, d.rdb, Config{Config: consumer.Config{Stream: d.stream, KeyPrefix: d.prefix, Consumer: "c1", Block: 100 * time.Millisecond}})
 	done := make(chan error, 1)
 	go func() { done <- before.Run(ctx) }()
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return d.report().Verdicts == 1 }, "the event was not applied under P = 1")

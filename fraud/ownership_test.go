@@ -36,22 +36,17 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 		by      = map[int][]string{}       // per partition, the consumer of each effect, in order
 	)
 	newConsumer := func(name string) *Consumer {
-		c, err := New(rdb.Client, Config{
-			Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: name, Partitions: parts,
-			Block: 50 * time.Millisecond, PartitionLease: 400 * time.Millisecond,
-			WindowLimitCents: 1 << 60, AmountLimitCents: 1 << 60, AuditLen: 10_000,
-			Observer: ObserverFunc(func(ev Event, o Outcome) {
-				if o == OutcomeDuplicate {
-					return
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.SettledAt)
-				ids[ev.FromAccount] = append(ids[ev.FromAccount], ev.TransferID.String())
-				p := partition.Of(ev.FromAccount, parts)
-				by[p] = append(by[p], name)
-			}),
-		})
+		c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: name, Partitions: parts, Block: 50 * time.Millisecond, PartitionLease: 400 * time.Millisecond}, WindowLimitCents: 1 << 60, AmountLimitCents: 1 << 60, AuditLen: 10_000, Observer: ObserverFunc(func(ev Event, o Outcome) {
+			if o == OutcomeDuplicate {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			applied[ev.FromAccount] = append(applied[ev.FromAccount], ev.SettledAt)
+			ids[ev.FromAccount] = append(ids[ev.FromAccount], ev.TransferID.String())
+			p := partition.Of(ev.FromAccount, parts)
+			by[p] = append(by[p], name)
+		})})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +186,7 @@ func TestConsumersDividePartitionsAndKeepPerSenderOrder(t *testing.T) {
 func TestEffectScriptIsFenced(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	publish(t, rdb, cfg.Stream, "ana", 100, time.Now())
 	x, err := rdb.XRange(ctx, cfg.Stream, "-", "+").Result()
@@ -233,7 +228,7 @@ func TestEntryInTheWrongPartitionStaysPending(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", Partitions: 2})
+	c := newGroupConsumer(t, rdb, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", Partitions: 2}})
 	sender := "ana"
 	wrong := 1 - partition.Of(sender, 2)
 	publish(t, rdb, partition.Stream(stream, wrong, 2), sender, 100, time.Now())
@@ -257,8 +252,7 @@ func TestEntryKeyedByAnotherThanItsSenderIsInvalid(t *testing.T) {
 	ctx := context.Background()
 	const parts = 4
 	stream := rdb.Prefix + "outbox.event.transfer"
-	c := newGroupConsumer(t, rdb, Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1",
-		Partitions: parts, MaxDeliveries: 2})
+	c := newGroupConsumer(t, rdb, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1", Partitions: parts, MaxDeliveries: 2}})
 	sender, key := "ana", ""
 	for i := 0; key == ""; i++ { // a key of another partition than the sender's
 		if k := fmt.Sprintf("t-%d", i); partition.Of(k, parts) != partition.Of(sender, parts) {
@@ -325,7 +319,7 @@ func newGroupConsumer(t *testing.T, rdb outboxtest.Redis, cfg Config) *Consumer 
 func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	yesterday := time.Now().Add(-24 * time.Hour)
 	publish(t, rdb, cfg.Stream, "ana", 100, yesterday)
@@ -371,7 +365,7 @@ func TestEffectFailingInAPipelineHoldsTheSendersLaterEvents(t *testing.T) {
 func TestEffectFailingInOneCallHoldsTheSendersEventsInTheNext(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	yesterday := time.Now().Add(-24 * time.Hour)
 	n := effectsPerCall + 20
@@ -440,7 +434,7 @@ func failFirstScripts() pipelineHook {
 func TestEffectCallFailingWholeHoldsItsSendersInTheNextCall(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 	rdb.AddHook(failFirstScripts())
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := effectsPerCall + 20
@@ -511,7 +505,7 @@ func refuseFirstOfPipeline() pipelineHook {
 func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:", AuditLen: 1000}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}, AuditLen: 1000}.withDefaults()
 	rdb.AddHook(refuseFirstOfPipeline())
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := 2*effectsPerCall + 20
@@ -578,7 +572,7 @@ func TestEffectCallRefusedInAPipelineHoldsTheCallsAfterIt(t *testing.T) {
 func TestUnkeyedEventFailingHoldsTheLaterCalls(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "outbox.event.transfer", KeyPrefix: rdb.Prefix + "fraud:"}}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: cfg.Logger}
 	n := 3*effectsPerCall + 20
 	unkeyed := effectsPerCall + 10 // in the second call, the first of the pipeline

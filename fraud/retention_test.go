@@ -2,6 +2,7 @@ package fraud
 
 import (
 	"context"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"strings"
 	"testing"
@@ -24,10 +25,7 @@ func TestEveryKeyTheConsumerWritesIsBounded(t *testing.T) {
 	prefix := rdb.Prefix + "fraud:"
 	keys := Keys{Prefix: prefix}
 	const retention = 48 * time.Hour
-	c, err := New(rdb.Client, Config{
-		Stream: stream, KeyPrefix: prefix, Consumer: "c1",
-		AmountLimitCents: 50_000, Retention: retention, DedupeTTL: 2 * time.Hour, Window: time.Hour,
-	})
+	c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: prefix, Consumer: "c1"}, AmountLimitCents: 50_000, Retention: retention, DedupeTTL: 2 * time.Hour, Window: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
@@ -29,8 +30,7 @@ var effectSrc20261203 string
 func TestPreviousVersionRefusesAWindowOfTheNewFormat(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	ctx := context.Background()
-	cfg := Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c", Logger: quiet,
-		WindowLimitCents: 100_000}.withDefaults()
+	cfg := Config{Config: consumer.Config{Stream: rdb.Prefix + "s", KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c", Logger: quiet}, WindowLimitCents: 100_000}.withDefaults()
 	e := &effects{cfg: cfg, rdb: rdb.Client, log: quiet}
 	keys := Keys{Prefix: cfg.KeyPrefix}
 	previous := redis.NewScript(effectSrc20261203)

@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"io"
 	"log/slog"
@@ -40,11 +41,7 @@ func newDLQFixture(t *testing.T) *dlqFixture {
 // consumer gives up on an undecodable entry at its first delivery.
 func (f *dlqFixture) consumer(name string) *fraud.Consumer {
 	f.t.Helper()
-	c, err := fraud.New(f.rdb.Client, fraud.Config{
-		Stream: f.stream, KeyPrefix: f.keyPrefix, Consumer: name, MaxDeliveries: 1,
-		Block: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond, ClaimMinIdle: 200 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	c, err := fraud.New(f.rdb.Client, fraud.Config{Config: consumer.Config{Stream: f.stream, KeyPrefix: f.keyPrefix, Consumer: name, MaxDeliveries: 1, Block: 50 * time.Millisecond, ClaimInterval: 50 * time.Millisecond, ClaimMinIdle: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/natssource"
 	"math"
 	"math/rand/v2"
@@ -16,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/ledger"
 	"github.com/tedbank/outbox/partition"
@@ -141,8 +141,8 @@ func (s *space) consumers(ctx context.Context, e Env, effect, stream string, n, 
 	case EffectLua, "":
 		keys := fraud.Keys{Prefix: s.prefix + "fraud:", Partitions: e.partitions()}
 		for i := range cs {
-			c, err := s.newFraud(fraud.Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: name(i), BatchSize: batch,
-				Block: 100 * time.Millisecond, Logger: e.Log, Partitions: e.partitions()})
+			c, err := s.newFraud(fraud.Config{Config: consumer.Config{Stream: stream, KeyPrefix: keys.Prefix, Consumer: name(i),
+				BatchSize: batch, Block: 100 * time.Millisecond, Logger: e.Log, Partitions: e.partitions()}})
 			if err != nil {
 				return nil, nil, err
 			}

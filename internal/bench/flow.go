@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/partition"
 	"github.com/tedbank/outbox/relay"
@@ -127,8 +128,10 @@ func startMinimalFlow(ctx context.Context, e Env, s *space) (*flow, error) {
 // (runConsumer starts it).
 func (f *flow) startConsumer(ctx context.Context, e Env, stream string) error {
 	var err error
-	f.consumer, err = f.s.newFraud(fraud.Config{Stream: stream, KeyPrefix: f.s.prefix + "fraud:", Consumer: "bench",
-		Block: 200 * time.Millisecond, Logger: e.Log, MinReplicas: e.MinReplicas, Partitions: e.partitions(),
+	f.consumer, err = f.s.newFraud(fraud.Config{
+		Config: consumer.Config{Stream: stream, KeyPrefix: f.s.prefix + "fraud:", Consumer: "bench",
+			Block: 200 * time.Millisecond, Logger: e.Log, Partitions: e.partitions()},
+		MinReplicas: e.MinReplicas,
 		Observer: fraud.ObserverFunc(func(ev fraud.Event, _ fraud.Outcome) {
 			now := time.Now()
 			f.mu.Lock()

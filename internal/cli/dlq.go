@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/tedbank/outbox/admin/dlq"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/partition"
@@ -33,7 +34,7 @@ func keyPrefixFlag(fs *flag.FlagSet) *string {
 
 // checkNames validates a key prefix and stream name as the consumer does.
 func checkNames(keyPrefix, stream string) error {
-	if err := (fraud.Config{KeyPrefix: keyPrefix, Stream: stream, Consumer: "admin"}).Validate(); err != nil {
+	if err := (fraud.Config{Config: consumer.Config{KeyPrefix: keyPrefix, Stream: stream, Consumer: "admin"}}).Validate(); err != nil {
 		return usageError{err.Error()}
 	}
 	return nil

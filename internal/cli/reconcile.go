@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/reconcile"
@@ -48,7 +49,7 @@ func runReconcile(ctx context.Context, e *env, args []string) error {
 	case time.Duration(grace) < 0:
 		return usagef("--grace %s: must not be negative", time.Duration(grace))
 	}
-	if err := (fraud.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Retention: *retention, Partitions: parts}).Validate(); err != nil {
+	if err := (fraud.Config{Config: consumer.Config{Stream: *stream, KeyPrefix: *keyPrefix, Consumer: "reconcile", Partitions: parts}, Retention: *retention}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-reconcile", MaxConns: 2})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/natssource"
 	"io"
 	"maps"
@@ -96,7 +97,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := (fraud.Config{Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
+	if err := (fraud.Config{Config: consumer.Config{Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}}).Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	if _, err := c.logger(e.stderr); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/natssource"
 	"os"
 	"slices"
@@ -18,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/natsjs"
@@ -292,9 +292,7 @@ func (r *run) newConsumer(rdb redis.Cmdable, name string, p int) runner {
 	var err error
 	switch r.c.effect {
 	case "lua":
-		cfg := fraud.Config{Stream: r.stream, KeyPrefix: r.keys, Consumer: name, Block: 100 * time.Millisecond,
-			ClaimInterval: 500 * time.Millisecond, ClaimMinIdle: 3 * time.Second, Partitions: p, PartitionLease: time.Second,
-			AuditLen: 100_000}
+		cfg := fraud.Config{Config: consumer.Config{Stream: r.stream, KeyPrefix: r.keys, Consumer: name, Block: 100 * time.Millisecond, ClaimInterval: 500 * time.Millisecond, ClaimMinIdle: 3 * time.Second, Partitions: p, PartitionLease: time.Second}, AuditLen: 100_000}
 		if r.c.broker == "nats" {
 			c, err = fraud.NewWithSource(rdb, natssource.New(r.js), cfg)
 		} else {
