@@ -17,7 +17,6 @@ import (
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
-	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/internal/testenv"
@@ -62,7 +61,7 @@ func TestOnRedisCluster(t *testing.T) {
 				}
 				return out
 			}
-			var st cli.Status
+			var st statusJSON
 			if err := json.Unmarshal(cmd("status", "--json", "--stream", f.Stream(), "--key-prefix", f.keyPrefix()), &st); err != nil {
 				t.Fatal(err)
 			}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/fraud"
-	"github.com/tedbank/outbox/internal/cli"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/partition"
@@ -231,6 +230,23 @@ func TestWritersOfOnePartitionKeyCommitInSeqOrder(t *testing.T) {
 	}
 }
 
+// statusJSON is what the end-to-end tests read of outbox status --json:
+// its documented field names (docs/operations.md), not the command's Go
+// type, so that this package's tests (which a service's go mod tidy loads)
+// do not link the command and its exporters.
+type statusJSON struct {
+	Published    int64    `json:"published"`
+	StreamLength int64    `json:"stream_length"`
+	GroupPending int64    `json:"group_pending"`
+	GroupLag     int64    `json:"group_lag"`
+	Partitions   int      `json:"partitions"`
+	Streams      []string `json:"streams"`
+	ByPartition  []struct {
+		Stream string `json:"stream"`
+		Owner  string `json:"owner"`
+	} `json:"by_partition"`
+}
+
 // A partitioned deployment through the commands, the way an operator runs
 // it: OUTBOX_PARTITIONS=4 for a relay, two anti-fraud consumers and the
 // admin commands. The consumers divide the partitions two and two, every TED
@@ -257,7 +273,7 @@ func TestPartitionedDeploymentWithCommands(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.Process.Signal(syscall.SIGTERM); _ = c.Wait() })
 	}
-	status := func() (st cli.Status) {
+	status := func() (st statusJSON) {
 		t.Helper()
 		out, err := cmd("status", "--json", "--stream", f.Stream(), "--key-prefix", f.keyPrefix()).Output()
 		if err != nil {

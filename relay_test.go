@@ -51,7 +51,8 @@ func (f *fixture) keys() fraud.Keys {
 
 func (f *fixture) consumer(name string, mutate func(*fraud.Config)) *fraud.Consumer {
 	f.T.Helper()
-	cfg := fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name, Block: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 500 * time.Millisecond}}
+	cfg := fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Consumer: name,
+		Block: 100 * time.Millisecond, ClaimInterval: 100 * time.Millisecond, ClaimMinIdle: 500 * time.Millisecond}}
 	if mutate != nil {
 		mutate(&cfg)
 	}

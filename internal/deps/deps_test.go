@@ -149,3 +149,31 @@ func TestLibraryFootprint(t *testing.T) {
 		}
 	}
 }
+
+// A service's go mod tidy loads the tests of the packages it imports: the
+// library packages' tests must not link the command (and with it the OTLP
+// exporters and gRPC) or the OpenTelemetry SDK, so that tidy fetches them
+// not. What remains is testcontainers, for the module root's end-to-end
+// tests (relay_test.go finds its servers through Docker when it can):
+// docs/development.md, "What a service downloads".
+func TestLibraryTestsFootprint(t *testing.T) {
+	library := []string{module, module + "/relay", module + "/consumer", module + "/transfer", module + "/fraud"}
+	out, err := exec.Command("go", append([]string{"list", "-test", "-deps"}, library...)...).Output()
+	if err != nil {
+		t.Fatalf("go list -test -deps: %v", err)
+	}
+	forbidden := []struct{ prefix, why string }{
+		{module + "/internal/cli", "the command: read its JSON by field names instead"},
+		{module + "/internal/traceexport", "the command's exporters"},
+		{"go.opentelemetry.io/otel/sdk", "the SDK: the end-to-end trace test lives in internal/tracing"},
+		{"go.opentelemetry.io/otel/exporters", "exporters are the command's"},
+		{"google.golang.org/grpc", "gRPC comes only with the OTLP gRPC exporter"},
+	}
+	for _, d := range strings.Fields(string(out)) {
+		for _, bad := range forbidden {
+			if strings.HasPrefix(d, bad.prefix) {
+				t.Errorf("the tests of %v link %s: %s", library, d, bad.why)
+			}
+		}
+	}
+}

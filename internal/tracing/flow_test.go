@@ -1,7 +1,6 @@
-package outbox_test
+package tracing_test
 
 import (
-	"github.com/tedbank/outbox/internal/relaytest"
 	"testing"
 	"time"
 
@@ -10,9 +9,19 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/transfer"
 )
+
+// The end-to-end trace test sets the process's tracer provider (OpenTelemetry
+// keeps one per process), so it runs in a test binary of its own: here,
+// rather than beside the module root's end-to-end tests, whose package
+// services import (a service's go mod tidy loads that package's tests, and
+// the SDK with them).
+func TestMain(m *testing.M) { outboxtest.Main(m) }
 
 // A trace started around Settle is continued by the relay's publish span and
 // by anti-fraud's process span: one trace from the request to the verdict.
@@ -22,7 +31,7 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 	otel.SetTracerProvider(tp)
 	defer func() { _ = tp.Shutdown(t.Context()) }() // later tests get non-recording spans
 
-	f := newFixture(t)
+	f := relaytest.New(t)
 	ctx, root := tp.Tracer("test").Start(f.Ctx, "http.request")
 	res, err := transfer.Settle(ctx, f.Pool, transfer.Transfer{ID: uuid.New(), FromAccount: "a", ToAccount: "b", AmountCents: 10})
 	root.End()
@@ -32,8 +41,17 @@ func TestTraceFlowsFromSettleToAntiFraud(t *testing.T) {
 	if _, err := relaytest.DrainBatch(f.Ctx, f.NewRelay(f.RelayConfig("r1"), nil)); err != nil {
 		t.Fatal(err)
 	}
-	f.Run(f.consumer("c1", nil).Run)
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return f.report().Verdicts == 1 }, "event not processed")
+	keys := f.Redis.Prefix + "fraud:"
+	c, err := fraud.New(f.Redis.Client, fraud.Config{Config: consumer.Config{Stream: f.Stream(), KeyPrefix: keys, Consumer: "c1",
+		Block: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Run(c.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		rep, err := fraud.ReadReport(f.Ctx, f.Redis.Client, fraud.Keys{Prefix: keys})
+		return err == nil && rep.Verdicts == 1
+	}, "event not processed")
 
 	// Span names follow OpenTelemetry's messaging conventions:
 	// "send <destination>", "process <destination>".
