@@ -28,15 +28,23 @@ demo:
 # The relay's tests (relay/) and the end-to-end tests (the module root) run
 # twice: with the library's default ownership (row claims, the card's) and
 # with the outbox relay command's (auto, which leases partitions on the
-# tests' fresh databases).
+# tests' fresh databases). The second pass runs beside the first, one test
+# binary at a time, while the first runs two (three binaries in all, as
+# before): the conformance suite, the longest binary, starts first. The
+# second pass's output follows the first's.
 # Tests marked parallel own their database and key prefix and spend most of
 # their time waiting out their faults: four run at a time.
-TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4 -p 3
+TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
-	$(GO) test $(TEST_FLAGS) ./...
-	OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) . ./relay
+	@auto_log=$$(mktemp); \
+	OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay >"$$auto_log" 2>&1 & auto=$$!; \
+	echo "$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./...  (beside it: OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay)"; \
+	$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./...; first=$$?; \
+	wait $$auto; second=$$?; \
+	echo "OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay:"; cat "$$auto_log"; rm -f "$$auto_log"; \
+	test $$first -eq 0 && test $$second -eq 0
 
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts

@@ -15,6 +15,12 @@
 -- 0019), set by outbox_relay_floor earlier in the claim's transaction: rows
 -- below it are published or dead, so neither the read nor the key's check
 -- walks the index entries that marks left behind (0: from the start).
+-- next_attempt_at: against clock_timestamp(), not now() (this transaction's
+-- start): a fresh row's is its writer's start, and a writer that began after
+-- this transaction (the relay waited for the writers that saw it busy) and
+-- committed before this statement is visible to it and must be taken (a
+-- partition owner would publish the key's next event first; a relay going
+-- to sleep would leave it for the poll).
 -- first_sent_at: a row that may have reached the broker longer than the
 -- redelivery window @window_ms ago is never published again (migration 0011;
 -- the reaper marks it dead).
@@ -36,7 +42,7 @@ WITH picked AS MATERIALIZED (
      WHERE o.unpublished
        AND o.seq >= outbox_relay_read_from()
        AND o.status = 'pending'
-       AND o.next_attempt_at <= now()
+       AND o.next_attempt_at <= clock_timestamp()
        AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
        AND NOT EXISTS (
            SELECT 1

@@ -15,6 +15,7 @@
 -- outbox_relay_read_from: the relay's floor, as in relay_claim.sql. The second
 -- NOT EXISTS reads its hole (rows of writers the floor passed over while they
 -- were open, migration 0019): empty unless there is one.
+-- next_attempt_at: against clock_timestamp(), as in relay_claim.sql.
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 -- @max_bytes: of the first row of each partition key (the relay publishes
 -- no more per read), the smallest first while the payload bytes before each
@@ -34,7 +35,7 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                          WHERE o.unpublished
                            AND o.seq >= outbox_relay_read_from()
                            AND o.status = 'pending'
-                           AND o.next_attempt_at <= now()
+                           AND o.next_attempt_at <= clock_timestamp()
                            AND (o.first_sent_at IS NULL OR o.first_sent_at > now() - @window_ms::bigint * interval '1 millisecond')
                            AND outbox_relay_slot(coalesce(o.partition_key, o.aggregate_id), @slots) = ANY(@usable_slots::int[])
                            AND o.seq NOT IN (SELECT unnest(@in_flight::bigint[]))
