@@ -30,7 +30,7 @@ demo:
 # with the outbox relay command's (auto, which leases partitions on the
 # tests' fresh databases). The second pass runs beside the first, one test
 # binary at a time, while the first runs two (three binaries in all, as
-# before): the conformance suite, the longest binary, starts first. The
+# before): the longest binaries (conformance, relay, the root) start first. The
 # second pass's output follows the first's.
 # Tests marked parallel own their database and key prefix and spend most of
 # their time waiting out their faults: four run at a time.
@@ -40,8 +40,8 @@ test:
 	$(GO) vet -tags failpoint ./internal/failpoint
 	@auto_log=$$(mktemp); \
 	OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay >"$$auto_log" 2>&1 & auto=$$!; \
-	echo "$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./...  (beside it: OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay)"; \
-	$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./...; first=$$?; \
+	echo "$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./relay . ./internal/cli ./consumer ./...  (beside it: OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay)"; \
+	$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./relay . ./internal/cli ./consumer ./...; first=$$?; \
 	wait $$auto; second=$$?; \
 	echo "OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 . ./relay:"; cat "$$auto_log"; rm -f "$$auto_log"; \
 	test $$first -eq 0 && test $$second -eq 0
