@@ -210,13 +210,13 @@ func (k Keys) DayAccount(day, acct string) string {
 func (k Keys) Window(acct string) string { return k.Prefix + "window:" + acct }
 
 // WindowEntries held the transfers of the sender's window with the running
-// sum of their amounts, until the window's members carried them
-// (2026-12-04): effect.lua reads it only to convert such a window.
+// sum of their amounts in the window's second format, before its members
+// carried them: effect.lua reads it only to convert such a window.
 func (k Keys) WindowEntries(acct string) string { return k.Prefix + "window-entries:" + acct }
 
 // Approved held the sender's recent transfers that were still approved,
-// until the window's members carried that (2026-12-04): effect.lua reads it
-// only to convert such a window.
+// in the window's second format, before its members carried that:
+// effect.lua reads it only to convert such a window.
 func (k Keys) Approved(acct string) string { return k.Prefix + "approved:" + acct }
 
 // Audit is the stream of effects in the order applied (Config.AuditLen).

@@ -31,7 +31,7 @@
 --   +3 sender's day totals      +4 day's senders set
 --   +5 sender window zset (below)
 --   +6 the sender's approved set and +7 its window entries hash: the
---      window's state before 2026-12-04, read only to convert it
+--      window's state in its second format, read only to convert it
 --
 -- The call's arguments:
 -- ARGV[1] marker TTL (s)        ARGV[2] window (ms)
@@ -67,7 +67,7 @@
 -- of the window's transfers up to this one, in the window's order (by
 -- settled_at, then arrival); flag is 'a' while the transfer is approved
 -- (the only ones a late arrival can still send to review), 'r' otherwise.
--- No ':' in it: a consumer of the version before 2026-12-04 takes a member
+-- No ':' in it: a consumer of the second format's version takes a member
 -- without one for an arrival number, finds no entry for it and fails the
 -- event before any write, where a ':' would have sent it converting the
 -- window as its oldest format (a rolling upgrade runs both for a while).
@@ -230,7 +230,7 @@ end
 
 -- Windows of the earlier formats are converted once: numbered members with
 -- their entries in the entries hash and the approved ones in the approved
--- set (until 2026-12-04), or 'amount:event:transfer' members (before that).
+-- set (the second format), or 'amount:event:transfer' members (the first).
 local function convert(windowKey, approvedKey, entriesKey, from)
   local old = redis.call('ZRANGE', windowKey, 0, -1, 'WITHSCORES')
   local approved = {}

@@ -120,7 +120,7 @@ func (r *Relay) sendTx(ctx context.Context, b *pgx.Batch) error {
 // same estimate it also chose a bitmap scan of every pending row, the key
 // checks for each and a sort, over an ordered scan that stops at the batch:
 // 1.8 s a read over 116,000 pending rows not yet analyzed, against 10 ms
-// (outbox bench latency --hold-horizon, 2026-12-06;
+// (outbox bench latency --hold-horizon, docs/log.md;
 // TestBacklogUnderStaleStatisticsIsReadInOrder). Transaction-local.
 const indexedClaim = "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)"
 

@@ -35,7 +35,7 @@ func Latency(ctx context.Context, e Env, rate float64, n int, mode string, basel
 // warmUp is how long a latency run settles TEDs at its rate before the
 // timed phase. Each case runs in a fresh database, and there the first
 // second or two are slow for any relay: a trace of the events over 20 ms at
-// 200/s (2026-12-05) found every one of them, for this project's relay and
+// 200/s (docs/log.md) found every one of them, for this project's relay and
 // the minimal one alike, in the first 2 s of a 10 s run (commit → XADD up
 // to 180 ms), which made the p99 of a 2,000-event run, and its ratio, the
 // size of that start-up (0.28× to 12.5× between runs of one build).

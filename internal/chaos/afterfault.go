@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// After a fault (issue 38): no event may wait more than maxAfterFault once
+// After a fault: no event may wait more than maxAfterFault once
 // the faults that held it have ended. An event's clock starts when it is
 // ready (eventTiming.Ready: its commit, or its key's previous event's mark)
 // and starts again at the End of every fault that began before the event
