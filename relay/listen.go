@@ -40,9 +40,7 @@ const (
 	// The reconnect backoff grows only while attempts fail in a row: a
 	// connection that was established (LISTENing, registered) resets it,
 	// however short it lasted, so that every incident starts from the first
-	// step. (With a reset only after 10 s up, a link flapping every 3 s grew
-	// the wait to 9 s by the eighth incident, and every event committed
-	// meanwhile waited for it: TestRelayWhoseBackendsAreTerminatedAgainAndAgain.)
+	// step (docs/design.md, "The relay's other numbers", says why).
 	listenBackoffMin = 100 * time.Millisecond
 	listenBackoffMax = 30 * time.Second
 )
