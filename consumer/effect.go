@@ -92,12 +92,15 @@ func NewRedisEffect(rdb redis.Cmdable, cfg RedisEffectConfig) (*RedisEffect, err
 // the effect's own arguments.
 const (
 	effectPrologue = `
+local function tookEffect()
+  redis.call('HSET', KEYS[3], ARGV[3], '1')
+  redis.call('PEXPIRE', KEYS[3], 60000)
+end
 if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED the partition has another owner')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HSET', KEYS[3], ARGV[3], '1')
-  redis.call('PEXPIRE', KEYS[3], 60000)
+  tookEffect()
   return 'duplicate'
 end
 for dep in string.gmatch(ARGV[4], '[^,]+') do
@@ -122,15 +125,12 @@ elseif type(out) == 'table' and out.err then
 end
 if failed then
   if string.sub(failed, 1, 7) == 'INVALID' then
-    -- never applicable: dead-lettered, it holds nothing back
-    redis.call('HSET', KEYS[3], ARGV[3], '1')
-    redis.call('PEXPIRE', KEYS[3], 60000)
+    tookEffect() -- never applicable: dead-lettered, it holds nothing back
   end
   return redis.error_reply(failed)
 end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[3], '1')
-redis.call('PEXPIRE', KEYS[3], 60000)
+tookEffect()
 if type(out) ~= 'string' or out == '' then return 'applied' end
 return out
 `

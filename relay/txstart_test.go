@@ -97,17 +97,10 @@ func ids(ctx context.Context, tx pgx.Tx, st queries.Statement) ([]uuid.UUID, err
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (uuid.UUID, error) {
-		var id uuid.UUID
 		vals, err := row.Values()
 		if err != nil {
-			return id, err
+			return uuid.UUID{}, err
 		}
-		switch v := vals[0].(type) {
-		case [16]byte:
-			id = v
-		case uuid.UUID:
-			id = v
-		}
-		return id, nil
+		return vals[0].([16]byte), nil // pgx's value of a uuid column
 	})
 }
