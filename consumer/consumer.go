@@ -1,12 +1,14 @@
 // Package consumer reads the events a relay publishes to a Redis Stream (or
-// a Source: package consumer/source), as a member of a consumer group, and applies each one's effect exactly once
-// through a Handler: the caller says what an event does; the package does the
-// rest. It reads the consumer's own pending entries first, then new ones;
-// claims the entries of consumers that died; divides the stream's partitions
-// among the group's consumers, each applied by one consumer at a time in
-// stream order, fenced (ownership.go); retries failures with backoff; moves
-// entries that can never be applied to a dead-letter stream; and exports
-// metrics and traces. Run stops gracefully.
+// another broker's: a Source, package consumer/source), as a member of a
+// consumer group, and applies each one's effect exactly once through a
+// Handler: the caller says what an event does; the package does the rest.
+// It divides the stream's partitions among the group's consumers, each
+// applied by one consumer at a time in stream order, fenced (ownership.go);
+// a partition's new owner first applies what an earlier owner left
+// unacknowledged, then new events; failures are retried with backoff while
+// the other keys go on; events that can never be applied move to a
+// dead-letter stream; metrics and traces are exported. Run stops
+// gracefully.
 //
 // Delivery is at least once (a relay can publish an event twice, a consumer
 // can die before XACK), so an effect must be recorded with a dedupe record
@@ -16,21 +18,23 @@
 // and RunScripts (Redis Lua scripts that check and set a marker with the
 // effect: anti-fraud, package fraud, is such a consumer).
 //
-// The code, one concept per file: consumer.go (the Consumer, Run, one
-// worker per partition), message.go (Message, Batch, Handler), read.go
-// (what to read from Redis Streams: own pending entries, new entries, idle
-// entries of dead consumers, entries a previous partition owner left),
-// fromsource.go (reading a Source instead: NATS JetStream in natssource), handle.go (one batch:
-// decode, handle, acknowledge), script.go (the Redis Lua path),
-// deadletter.go and deadletter.lua, ownership.go and lease.lua (partition
-// leases), name.go (one process per consumer name), keys.go, config.go and
-// metrics.go. The PostgreSQL inbox is package consumer/inbox.
+// The code, one concept per file: consumer.go (the Consumer, Run),
+// ownership.go and lease.lua (partition leases, one worker per partition),
+// work.go (the worker's loop over its partition's source, the same for
+// every source; dead letters), streams.go (Redis Streams as the source: the
+// takeover of pending entries, retries, claims of idle entries, entries an
+// earlier owner read late), handle.go (one batch: decode, handle, sort the
+// outcomes), order.go (per-key order across failures), message.go
+// (Message, Batch, Handler), script.go (the Redis Lua path), deadletter.lua,
+// name.go and presence.go (one process per consumer name, and its
+// liveness), keys.go, config.go and metrics.go. NATS JetStream's source is
+// package consumer/natssource; the PostgreSQL inbox is package
+// consumer/inbox.
 package consumer
 
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -42,7 +46,6 @@ import (
 
 	"github.com/tedbank/outbox/consumer/source"
 	"github.com/tedbank/outbox/internal/redischeck"
-	"github.com/tedbank/outbox/internal/retry"
 	"github.com/tedbank/outbox/internal/tracing"
 )
 
@@ -52,7 +55,7 @@ var tracer = tracing.Tracer("github.com/tedbank/outbox/consumer")
 type Consumer struct {
 	cfg     Config
 	rdb     redis.Cmdable
-	src     source.Source // set: messages come from it (fromsource.go), not from Redis Streams
+	src     source.Source // where messages come from: Redis Streams (streams.go) unless NewWithSource says otherwise
 	handler Handler
 	keys    Keys    // the keys of the group as a whole (names, members)
 	parts   []part  // the stream's partitions
@@ -108,7 +111,7 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 	for i := range gates {
 		gates[i] = newGate()
 	}
-	return &Consumer{
+	c := &Consumer{
 		cfg:         cfg,
 		gates:       gates,
 		rdb:         rdb,
@@ -120,7 +123,16 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 		afterRead:   cfg.Name + ".after-read",
 		afterEffect: cfg.Name + ".after-effect",
 		outcomeAttr: cfg.Name + ".outcome",
-	}, nil
+	}
+	c.src = newStreams(rdb, cfg, c.log)
+	return c, nil
+}
+
+// readsStreams reports whether the consumer reads Redis Streams (New), not
+// another source (NewWithSource).
+func (c *Consumer) readsStreams() bool {
+	_, ok := c.src.(*streams)
+	return ok
 }
 
 // processToken is a new process's token: with presencePrefix when it keeps
@@ -139,10 +151,8 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	if c.src != nil {
-		if err := c.src.Ping(ctx); err != nil {
-			return fmt.Errorf("%s: %w", c.src.System(), err)
-		}
+	if err := c.src.Ping(ctx); err != nil {
+		return fmt.Errorf("%s: %w", c.src.System(), err)
 	}
 	if r, ok := c.handler.(interface{ Ready(context.Context) error }); ok {
 		return r.Ready(ctx)
@@ -162,25 +172,21 @@ func (c *Consumer) Stats() Stats {
 }
 
 // EnsureGroup creates the consumer group (and the stream) of every partition
-// if missing. It starts at "0", not "$": after a stream is lost and
-// recreated, the relay may already have appended entries that must not be
-// skipped.
+// if missing, on a source that has groups to create (Redis Streams; another
+// source opens a partition when it is taken over). A group starts at "0",
+// not "$": after a stream is lost and recreated, the relay may already have
+// appended entries that must not be skipped.
 func (c *Consumer) EnsureGroup(ctx context.Context) error {
-	if c.src != nil {
-		return nil // a partition is opened on the source when it is taken over
+	g, ok := c.src.(interface {
+		CreateGroup(ctx context.Context, group, subject string) error
+	})
+	if !ok {
+		return nil
 	}
 	for _, pt := range c.parts {
-		if err := c.ensureGroup(ctx, pt); err != nil {
+		if err := g.CreateGroup(ctx, c.cfg.Group, pt.stream); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-func (c *Consumer) ensureGroup(ctx context.Context, pt part) error {
-	err := c.rdb.XGroupCreateMkStream(ctx, pt.stream, c.cfg.Group, "0").Err()
-	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-		return fmt.Errorf("create consumer group %s on %s: %w", c.cfg.Group, pt.stream, err)
 	}
 	return nil
 }
@@ -221,123 +227,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// feed is a partition as one of its workers applies it: fence is the lease
-// value the effects must find (empty: applied without ownership, by the
-// single steps ReadNew, ProcessPending and ClaimIdle); gate keeps each key's
-// order across reads (order.go; nil for a Source, which reads a partition
-// again from what is unacknowledged after any failure).
-type feed struct {
-	part
-	fence string
-	gate  *gate
-}
-
-// work applies partition pt while this consumer holds its lease with value
-// fence, until ctx is cancelled or the lease turns out lost.
-func (c *Consumer) work(ctx context.Context, pt part, fence string) {
-	if c.src != nil {
-		c.workSource(ctx, pt, fence)
-		return
-	}
-	f := feed{part: pt, fence: fence, gate: newGate()}
-	log := c.log.With(slog.Int("partition", pt.n))
-	takenOver := false
-	needPending := false
-	var pendingFailures int
-	var retryPendingAt time.Time
-	lastClaim := time.Now()
-	failures := 0
-	count := c.cfg.BatchSize // new entries per read (nextCount)
-	var ahead *readAhead     // the next read of new entries, sent under a backlog
-	defer func() {
-		if ahead != nil {
-			<-ahead.done
-		}
-	}()
-	for ctx.Err() == nil {
-		var err error
-		pendingDue := needPending && !time.Now().Before(retryPendingAt)
-		claimDue := time.Since(lastClaim) >= c.cfg.ClaimInterval
-		switch {
-		case ahead != nil:
-			// What it read follows what was just processed: before
-			// anything else; and it reads on only when nothing else is
-			// due, so that a backlog does not put off the retries.
-			var n int
-			n, ahead, err = c.readNew(ctx, f, count, ahead, !pendingDue && !claimDue)
-			count = c.nextCount(count, n)
-		case !takenOver:
-			// Every entry pending in the group, whoever it was delivered
-			// to, is older than every entry not yet delivered: apply them
-			// first, in stream order. (The consumer is created first, so
-			// that XINFO CONSUMERS lists it before it has read anything.)
-			if err = c.rdb.XGroupCreateConsumer(ctx, pt.stream, c.cfg.Group, c.cfg.Consumer).Err(); err != nil {
-				break
-			}
-			// Effects that failed do not keep the partition in its
-			// takeover: their entries are pending, in the gate, and
-			// retried with the pending ones, while the other keys go on.
-			if _, err = c.claim(ctx, f, 0); err == nil || effectFailedOnly(err) {
-				takenOver = true
-			}
-		case pendingDue:
-			// Entries of ours that failed transiently are still pending:
-			// retry them, with backoff, but never instead of reading new
-			// ones: one entry that keeps failing must not stop the rest.
-			if err = c.processPending(ctx, f); err != nil {
-				pendingFailures++
-				d := retryDelay(pendingFailures)
-				retryPendingAt = time.Now().Add(d)
-				if !errors.Is(err, ErrFenced) && !redis.HasErrorPrefix(err, "NOGROUP") && ctx.Err() == nil {
-					// The backoff paces these retries: read new
-					// entries meanwhile (the gate holds back those
-					// of the failing keys).
-					log.Warn("pending entries failed again; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
-					err = nil
-				}
-			} else {
-				// Entries held behind a failed one were read with it in
-				// this pass; none should be left, but if one is, try
-				// again soon, not in a tight loop.
-				needPending, pendingFailures = !f.gate.empty(), 0
-				retryPendingAt = time.Now().Add(retryDelay(1))
-			}
-		case claimDue:
-			_, err = c.claim(ctx, f, c.cfg.ClaimMinIdle)
-			lastClaim = time.Now()
-		default:
-			var n int
-			n, ahead, err = c.readNew(ctx, f, count, nil, true)
-			count = c.nextCount(count, n)
-		}
-		if !f.gate.empty() {
-			// Entries wait behind a failed one of their key: they are
-			// applied by the retry of the pending entries, in order.
-			needPending = true
-		}
-		switch {
-		case err == nil:
-			failures = 0
-		case ctx.Err() != nil:
-		case errors.Is(err, ErrFenced):
-			log.Error("partition lease lost while applying its events; stopping the partition", slog.Any("error", err))
-			return
-		case redis.HasErrorPrefix(err, "NOGROUP"):
-			log.Warn("consumer group missing (stream deleted?); recreating it")
-			if err := c.ensureGroup(ctx, pt); err != nil {
-				log.Warn("recreating group failed", slog.Any("error", err))
-				retry.Sleep(ctx, time.Second)
-			}
-		default:
-			failures++
-			d := retryDelay(failures)
-			log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
-			retry.Sleep(ctx, d)
-			needPending = true
-		}
-	}
-}
-
 // checkEviction refuses a Redis that evicts keys (ErrEvictingRedis) unless
 // Config.AllowEvictingRedis says otherwise; a Redis it cannot read INFO
 // from is not refused (the first read says why, if it is down).
@@ -346,7 +235,7 @@ func (c *Consumer) checkEviction(ctx context.Context) error {
 	if err != nil { // refused on what it could read, below
 		c.log.Warn("could not read the Redis eviction policy of every node", slog.Any("error", err))
 	}
-	if addrs := redischeck.NoAOF(nodes); len(addrs) > 0 && c.src == nil {
+	if addrs := redischeck.NoAOF(nodes); len(addrs) > 0 && c.readsStreams() {
 		c.log.Warn("Redis runs without appendonly: a Redis restart loses the stream's entries and the group's "+
 			"pending entries (set appendonly yes)", slog.Any("nodes", addrs))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tedbank/outbox/consumer/source"
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
@@ -201,7 +202,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	if err := rdb.Set(ctx, pt.keys.Lease("test"), "7|other|token", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil, false)
+	err = readNewOnce(ctx, c, feed{part: pt, fence: fence})
 	if !errors.Is(err, ErrFenced) {
 		t.Fatalf("applying with a lost lease: %v, want ErrFenced", err)
 	}
@@ -215,7 +216,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	if err := rdb.Set(ctx, pt.keys.Lease("test"), fence, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.claim(ctx, feed{part: pt, fence: fence}, 0); err != nil {
+	if err := claimAll(ctx, c, feed{part: pt, fence: fence}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.effects(); fmt.Sprint(got) != "[a]" {
@@ -244,7 +245,7 @@ func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, rdb, pt.stream, "second")
-	if _, _, err := c.readNew(ctx, feed{part: pt, fence: fence}, c.cfg.BatchSize, nil, false); err != nil {
+	if err := readNewOnce(ctx, c, feed{part: pt, fence: fence}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.effects(); fmt.Sprint(got) != "[first second]" {
@@ -343,4 +344,41 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := New(redis.NewClient(&redis.Options{}), shortLived{}, ok); !errors.Is(err, ErrConfig) {
 		t.Errorf("New with a handler whose records live a minute: %v, want an ErrConfig", err)
 	}
+}
+
+// ownerReader is partition f's reader as its owner's worker has it once the
+// partition is taken over.
+func ownerReader(c *Consumer, f *feed) *streamReader {
+	r := c.src.(*streams).reader(source.Partition{Group: c.cfg.Group, Subject: f.stream, N: f.n, Owner: f.fence}, newGate())
+	r.takenOver = true
+	f.gate = r.gate
+	return r
+}
+
+// readNewOnce reads f's new entries once, as its owner's worker does, and
+// applies them.
+func readNewOnce(ctx context.Context, c *Consumer, f feed) error {
+	r := ownerReader(c, &f)
+	msgs, err := r.readNew(ctx, c.cfg.Block, false)
+	if herr := c.handle(ctx, f, r, msgs); herr != nil {
+		return herr
+	}
+	return err
+}
+
+// claimAll claims and applies every entry pending in f's partition, as a
+// new owner's takeover does.
+func claimAll(ctx context.Context, c *Consumer, f feed) error {
+	r := ownerReader(c, &f)
+	r.takenOver = false
+	for !r.takenOver {
+		msgs, err := r.takeOverPage(ctx)
+		if err != nil {
+			return err
+		}
+		if err := c.handle(ctx, f, r, msgs); err != nil {
+			return err
+		}
+	}
+	return nil
 }

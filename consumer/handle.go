@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -16,50 +14,6 @@ import (
 	"github.com/tedbank/outbox/internal/tracing"
 	"github.com/tedbank/outbox/relay/entry"
 )
-
-// handle applies the effect of each Redis stream entry through the handler
-// and acknowledges the ones done. Once entries are read it finishes even if
-// ctx is cancelled.
-func (c *Consumer) handle(ctx context.Context, f feed, msgs []redis.XMessage, redelivered bool) error {
-	ctx = context.WithoutCancel(ctx)
-	started := time.Now()
-	defer func() { c.cfg.Metrics.observeBatch(time.Since(started)) }()
-	failpoint.Inject(c.afterRead)
-	attempt := c.deliveries(ctx, f, msgs, redelivered)
-	ds := make([]delivery, len(msgs))
-	for i, x := range msgs {
-		ds[i] = newDelivery(x.ID, x.Values, attempt(x.ID))
-	}
-	done := c.apply(ctx, f, ds, "redis")
-	if len(done.ack) > 0 {
-		ids := make([]string, len(done.ack))
-		for i, j := range done.ack {
-			ids[i] = ds[j].id
-		}
-		if err := c.rdb.XAck(ctx, f.stream, c.cfg.Group, ids...).Err(); err != nil {
-			return fmt.Errorf("xack %d entries: %w", len(ids), err)
-		}
-	}
-	for _, bad := range done.bad {
-		c.invalid(ctx, f, bad)
-	}
-	if done.transient != nil {
-		return fmt.Errorf("%w: %w", errEffect, done.transient)
-	}
-	return nil
-}
-
-// errEffect wraps the error of a read whose entries were all handled, some
-// left pending by a transient failure of their effect (as opposed to a
-// broker error that stopped the read): a pass over pending entries goes on
-// past it, as the gate holds back the failed keys' later entries.
-var errEffect = errors.New("effect failed")
-
-// effectFailedOnly reports whether err is only effects that failed (and
-// will be retried), not a lost partition nor a broker's error.
-func effectFailedOnly(err error) bool {
-	return errors.Is(err, errEffect) && !errors.Is(err, ErrFenced)
-}
 
 // delivery is one message as its broker delivered it.
 type delivery struct {

@@ -127,7 +127,7 @@ func TestJetStreamNewOwnerAppliesTheUnacknowledgedFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldFeed := old.takeOver(t, 0)
-	rd, err := old.openSource(ctx, oldFeed)
+	rd, err := old.open(ctx, oldFeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,13 +356,13 @@ func TestJetStreamOldOwnersDurableFetchesNothingNew(t *testing.T) {
 		t.Fatal(err)
 	}
 	fa := a.takeOver(t, 0)
-	rdA, err := a.openSource(ctx, fa)
+	rdA, err := a.open(ctx, fa)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.expire(t, fa) // a stalls past its lease
 	fb := b.takeOver(t, 0)
-	rdB, err := b.openSource(ctx, fb)
+	rdB, err := b.open(ctx, fb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestJetStreamOldOwnersDurableFetchesNothingNew(t *testing.T) {
 		t.Fatalf("the new owner fetched %d, want the message", got)
 	}
 	// The old owner, retaking the partition, is fenced: its lease is gone.
-	if _, err := a.openSource(ctx, fa); !errors.Is(err, ErrFenced) {
+	if _, err := a.open(ctx, fa); !errors.Is(err, ErrFenced) {
 		t.Fatalf("the old owner's takeover after losing its lease: %v, want ErrFenced", err)
 	}
 	stream, _ := e.js.StreamNameBySubject(ctx, e.cfg.Stream)

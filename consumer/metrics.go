@@ -94,7 +94,7 @@ func (m *Metrics) observeBatch(d time.Duration) {
 // XINFO GROUPS at scrape time.
 type GroupCollector struct {
 	rdb              redis.Cmdable
-	src              source.Source // set: the group's partitions on the source are read instead
+	src              source.Source // where the group's partitions are read: Redis Streams unless WithSource says otherwise
 	stream, group    string
 	partitions       int
 	pending, lag, up *prometheus.Desc
@@ -123,7 +123,7 @@ func NewGroupCollector(rdb redis.Cmdable, name, stream, group string) *GroupColl
 	labels := prometheus.Labels{"stream": stream, "group": group}
 	prefix := "outbox_" + name + "_"
 	return &GroupCollector{
-		rdb: rdb, stream: stream, group: group,
+		rdb: rdb, src: newStreams(rdb, Config{}, nil), stream: stream, group: group,
 		pending: prometheus.NewDesc(prefix+"group_pending", "Entries delivered to the group and not yet acknowledged.", nil, labels),
 		lag:     prometheus.NewDesc(prefix+"group_lag", "Entries in the stream not yet delivered to the group.", nil, labels),
 		up:      prometheus.NewDesc(prefix+"redis_up", "1 if the last scrape could read the consumer group from Redis.", nil, labels),
@@ -141,40 +141,8 @@ func (c *GroupCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *GroupCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if c.src != nil {
-		c.collectSource(ctx, ch)
-		return
-	}
 	var pending, lag int64
 	found, lagKnown := false, true
-	for _, stream := range partition.Streams(c.stream, max(c.partitions, 1)) {
-		groups, err := c.rdb.XInfoGroups(ctx, stream).Result()
-		if err != nil && !redis.HasErrorPrefix(err, "no such key") {
-			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-			return
-		}
-		for _, g := range groups {
-			if g.Name == c.group {
-				found = true
-				pending += g.Pending
-				lag += g.Lag
-				lagKnown = lagKnown && g.Lag >= 0 // -1: Redis cannot tell (entries deleted)
-			}
-		}
-	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-	if found {
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
-		if lagKnown {
-			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
-		}
-	}
-}
-
-// collectSource reads the group's partitions on the source.
-func (c *GroupCollector) collectSource(ctx context.Context, ch chan<- prometheus.Metric) {
-	var pending, lag int64
-	found := false
 	for p, subject := range partition.Streams(c.stream, max(c.partitions, 1)) {
 		pn, ln, ok, err := c.src.Backlog(ctx, c.group, subject, p)
 		if err != nil {
@@ -185,11 +153,14 @@ func (c *GroupCollector) collectSource(ctx context.Context, ch chan<- prometheus
 			found = true
 			pending += pn
 			lag += ln
+			lagKnown = lagKnown && ln >= 0 // negative: the source cannot tell (Redis: entries deleted)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	if found {
 		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
-		ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
+		if lagKnown {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag))
+		}
 	}
 }

@@ -1,15 +1,18 @@
-// Package source is the seam between a consumer and a broker it reads from
-// other than Redis Streams (consumer.NewWithSource; package
-// consumer/natssource is NATS JetStream's).
+// Package source is the seam between a consumer and the broker it reads
+// from: Redis Streams' is the consumer's own (consumer.New), NATS
+// JetStream's is package consumer/natssource (consumer.NewWithSource), and
+// package consumer/source/sourcetest is the kit a Source of one's own
+// passes.
 //
-// The consumer keeps everything but the messages in Redis, as it does with
-// Redis Streams: the partition leases and their fences, its name's lease,
-// dead letters and stats. For each partition it comes to own it opens the
+// The consumer keeps everything but the messages in Redis, whatever the
+// source: the partition leases and their fences, its name's lease, dead
+// letters and stats. For each partition it comes to own it opens the
 // partition on the Source, reads, applies each message's effect through its
 // handler, and settles each message: acknowledged, negatively acknowledged
-// for a retry after a delay, or terminated once dead-lettered. After any
-// failure it opens the partition again: what was not acknowledged comes
-// first, in order, so a partition's order holds across failures and owners.
+// for a retry after a delay, or terminated once dead-lettered. A new owner
+// meets what was not acknowledged first, in order, so a partition's order
+// holds across failures and owners; after a failure, a reader that can no
+// longer go on in order (Valid) is opened again.
 package source
 
 import (
@@ -35,14 +38,16 @@ type Source interface {
 	// yet (no stream yet): the consumer asks again at the next Open.
 	CheckRetention(ctx context.Context, subject string, ttl time.Duration) (checked bool, err error)
 	// Open takes the partition over for its owner: whatever an earlier
-	// owner received and did not acknowledge comes first, in order, and an
-	// earlier owner still reading gets nothing more. It fails with an error
+	// owner received and did not acknowledge comes first, in order, and
+	// what an earlier owner still reading gets comes to the new owner too,
+	// before anything newer (JetStream's gives the earlier owner nothing
+	// more; Redis Streams' adopts what it read). It may fail with an error
 	// wrapping ErrFenced when a newer owner (a greater Epoch) has opened it.
 	Open(ctx context.Context, p Partition) (Reader, error)
 	// Backlog reports the group's messages of the partition delivered and
-	// not acknowledged (pending), and not delivered yet (lag); found is
-	// false when the partition has not been opened yet
-	// (consumer.GroupCollector).
+	// not acknowledged (pending), and not delivered yet (lag, negative when
+	// the broker cannot tell); found is false when the partition has not
+	// been opened yet (consumer.GroupCollector).
 	Backlog(ctx context.Context, group, subject string, partition int) (pending, lag int64, found bool, err error)
 }
 
@@ -63,9 +68,10 @@ type Partition struct {
 
 // Reader reads one partition for its owner.
 type Reader interface {
-	// Read returns up to n messages: those waiting now or, when none is,
-	// the first to arrive within block with those that came with it. No
-	// message is not an error.
+	// Read returns up to n messages (a reader that sizes its reads itself
+	// under a backlog, as Redis Streams', may return more): those waiting
+	// now or, when none is, the first to arrive within block with those
+	// that came with it. No message is not an error.
 	Read(ctx context.Context, n int, block time.Duration) ([]Message, error)
 	// Valid reports whether the reader still reads the partition in order;
 	// false (its connection was replaced: messages sent into the lost one
@@ -73,8 +79,9 @@ type Reader interface {
 	Valid() bool
 	// Flush makes sure the settlements so far have left, within timeout.
 	Flush(timeout time.Duration) error
-	// Failed is told a read's error before the partition is opened again
-	// (a silent connection: the reader may replace it).
+	// Failed is told the error of a read, or of its messages' effects,
+	// before the partition is opened again (a silent connection: the
+	// reader may replace it).
 	Failed(err error)
 }
 
@@ -87,7 +94,8 @@ type Message interface {
 	Subject() string
 	Deliveries() int64 // how many times it was delivered, this time included
 	Ack() error
-	// Nak asks for the message again after delay.
+	// Nak asks for the message again after delay, or when the partition
+	// is opened again.
 	Nak(delay time.Duration) error
 	// Term settles a message that is never to come again (dead-lettered).
 	Term() error
