@@ -57,10 +57,11 @@ func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
 	if err := r.resolveOwnership(ctx); err != nil {
 		return BatchResult{}, err
 	}
-	if err := r.own.prepare(ctx); err != nil {
-		return BatchResult{}, err
+	if l := r.own.leases; l != nil {
+		if err := l.beforeBatch(ctx, nil); err != nil {
+			return BatchResult{}, err
+		}
 	}
-	r.own.renew(ctx) // with partition leases: take or renew this relay's share when due
 	res, _, err := r.drainBatch(ctx, flagNone, nil, false)
 	return res, err
 }
@@ -70,7 +71,7 @@ func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
 // the result; with deferMark, this batch's own mark of the published rows is
 // returned for the next call instead of being sent.
 func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
-	if !r.own.overlapsMarks() || prev == nil {
+	if r.own.leases == nil || prev == nil {
 		return r.drainOne(ctx, op, prev, nil, deferMark)
 	}
 	// With partition leases the last batch's mark runs on a connection of
@@ -143,7 +144,7 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	if prev != nil {
 		r.notePublished(&res, prev, prevMarked)
 	}
-	msgs, rowLeases := r.own.admit(msgs) // with partition leases: each row's slot and token
+	msgs, fence := r.own.admit(token, msgs)
 	res.Claimed = len(msgs)
 	if len(msgs) == 0 {
 		return res, nil, nil
@@ -170,7 +171,7 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 		}
 	}
 
-	out := r.sortOutcome(&res, token, sent{msgs, streams, ids, errs, rowLeases})
+	out := r.sortOutcome(&res, sent{msgs, streams, ids, errs, token, fence})
 	if r.cfg.Observer != nil && len(out.ok.ids) > 0 {
 		r.cfg.Observer.Published(out.ok.ids)
 	}

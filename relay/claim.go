@@ -40,9 +40,11 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	case flagSleep:
 		queue(&b, queries.RelaySleep()).QueryRow(func(row pgx.Row) error { return row.Scan(&slept) })
 	}
-	r.own.queueWakeOthers(&b, op)
+	if l := r.own.leases; l != nil {
+		l.queueWakeOthers(&b, op)
+	}
 	if prev != nil {
-		queue(&b, r.own.markPublished(prev)).Exec(func(tag pgconn.CommandTag) error {
+		queue(&b, prev.fence.published(prev)).Exec(func(tag pgconn.CommandTag) error {
 			marked = int(tag.RowsAffected())
 			return nil
 		})

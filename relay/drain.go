@@ -24,9 +24,6 @@ import (
 // re-asserts "sleep" first, in case a relay that crashed while draining left
 // writers silent.
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
-	if err := r.own.prepare(ctx); err != nil {
-		return 0, err
-	}
 	if r.listener.resync.Swap(false) {
 		r.setState(unsure)
 	}
@@ -56,13 +53,10 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 		}
 	}()
 	for ctx.Err() == nil {
-		if r.own.renewDue() {
-			// The last batch's mark goes first: a slot given back with
-			// its mark unsent would leave its rows to be published twice.
-			if err := flush(); err != nil {
+		if l := r.own.leases; l != nil {
+			if err := l.beforeBatch(ctx, flush); err != nil {
 				return published, err
 			}
-			r.own.renew(ctx)
 		}
 		var res BatchResult
 		res, pending, err = r.drainBatch(ctx, w.op, pending, true)

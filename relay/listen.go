@@ -222,7 +222,9 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	l.attempted()
 	*established = true
 	// A partition owner renews now: its slots carry the new pid.
-	r.own.listening()
+	if l := r.own.leases; l != nil {
+		l.listening()
+	}
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
 	if failures > 0 {

@@ -80,8 +80,8 @@ func (r *Relay) drainLoop(ctx context.Context) {
 	// relays it wakes can take them.
 	defer r.own.leave()
 	var renew <-chan time.Time // partition leases: renewals while idle
-	if every := r.own.renewEvery(); every > 0 {
-		t := time.NewTicker(every)
+	if l := r.own.leases; l != nil {
+		t := time.NewTicker(l.renewEvery())
 		defer t.Stop()
 		renew = t.C
 	}
@@ -122,7 +122,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		case <-r.wake:
 		case <-retryTimer.C:
 		case <-renew:
-			r.own.renew(ctx)
+			r.own.leases.renew(ctx)
 			goto wait // it kicks the drainer if it took slots
 		case <-poll.C:
 			if time.Now().Before(r.loop.db.retryAt) {

@@ -18,21 +18,17 @@ import (
 type pendingMark struct {
 	ids       []uuid.UUID
 	streamIDs []string
-	token     uuid.UUID
-	// With partition leases: each row's seq, slot and the lease token it
-	// was read under (token is then unused).
-	seqs   []int64
-	slots  []int32
-	tokens []uuid.UUID
+	seqs      []int64 // the rows' seqs: a read beside the mark leaves them out (partition leases)
+	rows      []int   // each row's place in its claimed batch
+	fence     fence   // what fences the mark: the batch's (ownership.go)
 }
 
-// add records one published row.
-func (m *pendingMark) add(id uuid.UUID, seq int64, streamID string, l rowLease) {
+// add records row i of the batch.
+func (m *pendingMark) add(i int, id uuid.UUID, seq int64, streamID string) {
 	m.ids = append(m.ids, id)
 	m.seqs = append(m.seqs, seq)
 	m.streamIDs = append(m.streamIDs, streamID)
-	m.slots = append(m.slots, l.slot)
-	m.tokens = append(m.tokens, l.token)
+	m.rows = append(m.rows, i)
 }
 
 // failedRow is a row relay_mark_failed updated.
@@ -54,7 +50,7 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	var (
 		b    pgx.Batch
 		rows []failedRow
-		mark = r.own.markFailed(f, delays)
+		mark = f.fence.failed(f, delays, r.cfg.MaxAttempts)
 	)
 	queueRelayTx(&b)
 	queue(&b, mark).Query(func(rs pgx.Rows) error {
@@ -79,7 +75,7 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 
 // markPublished sends m's mark on its own and counts it in res.
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
-	tag, err := r.exec(ctx, r.own.markPublished(m))
+	tag, err := r.exec(ctx, m.fence.published(m))
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}

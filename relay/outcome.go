@@ -15,17 +15,11 @@ import (
 // sent is a batch after its publish round trip.
 type sent struct {
 	msgs    []message
-	streams []string   // msgs[i] went to streams[i]
-	ids     []string   // its stream entry id, if errs[i] is nil
-	errs    []error    // why it was not published
-	leases  []rowLease // with partition leases: the slot and token each row was read under
-}
-
-func (s *sent) leaseOf(i int) rowLease {
-	if s.leases == nil {
-		return rowLease{}
-	}
-	return s.leases[i]
+	streams []string  // msgs[i] went to streams[i]
+	ids     []string  // its stream entry id, if errs[i] is nil
+	errs    []error   // why it was not published
+	token   uuid.UUID // the claim's
+	fence   fence     // what fences the batch's marks
 }
 
 // outcome is what a published batch leaves to record.
@@ -33,19 +27,20 @@ type outcome struct {
 	ok         pendingMark // in the stream: mark published
 	failed     pendingMark // refused one by one (streamIDs holds the errors): count an attempt
 	failDelays []int64     // each failed row's backoff, in milliseconds
+	token      uuid.UUID   // the claim's
 	release    []uuid.UUID // the broker refused the batch as a whole: give back, no attempt counted
 	maybeSent  []uuid.UUID // of those, the ones the broker may have taken (maybeSent): their redelivery window starts
 }
 
 // sortOutcome sorts each row of b by its publish result, counting failures
 // and their retry delays in res.
-func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
-	out := outcome{ok: pendingMark{token: token}, failed: pendingMark{token: token}}
+func (r *Relay) sortOutcome(res *BatchResult, b sent) outcome {
+	out := outcome{ok: pendingMark{fence: b.fence}, failed: pendingMark{fence: b.fence}, token: b.token}
 	for i, m := range b.msgs {
 		err := b.errs[i]
 		switch {
 		case err == nil:
-			out.ok.add(m.ID, m.Seq, b.ids[i], b.leaseOf(i))
+			out.ok.add(i, m.ID, m.Seq, b.ids[i])
 			r.cfg.Metrics.delay(time.Since(m.CreatedAt))
 		case r.broker.Unavailable(err):
 			res.BrokerDown = true
@@ -57,7 +52,7 @@ func (r *Relay) sortOutcome(res *BatchResult, token uuid.UUID, b sent) outcome {
 		default:
 			res.Err = err
 			r.cfg.Metrics.failure(m.EventType)
-			out.failed.add(m.ID, m.Seq, truncate(err.Error(), 1000), b.leaseOf(i))
+			out.failed.add(i, m.ID, m.Seq, truncate(err.Error(), 1000))
 			delay := retry.Backoff(m.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffMax)
 			out.failDelays = append(out.failDelays, delay.Milliseconds())
 			res.retryAfter(delay)
@@ -101,7 +96,7 @@ func (r *Relay) record(ctx context.Context, res *BatchResult, out *outcome, defe
 			return next, fmt.Errorf("start the redelivery window of %d rows the broker may have taken: %w", len(out.maybeSent), err)
 		}
 	}
-	n, err := r.own.release(ctx, out.ok.token, out.release, res.Err)
+	n, err := r.own.release(ctx, out.token, out.release, res.Err)
 	if err != nil {
 		return next, err
 	}

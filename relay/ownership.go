@@ -13,12 +13,13 @@ import (
 )
 
 // ownership is how a relay comes to own the rows it publishes: it claims
-// them (rowClaims, below: Config.Ownership OwnRows) or leases slots of
-// partition keys and reads their rows (partitionLeases, partitions.go:
-// OwnPartitions). It is chosen once: in New when the Config names
-// one, else (OwnAuto) when Run starts, by the relays already running
-// (resolveOwnership). The drain asks it at each step where the two differ,
-// and is otherwise the card's path: claim, publish, mark.
+// them (rowClaims, below: Config.Ownership OwnRows, the card's path) or
+// leases slots of partition keys and reads their rows (partitionLeases,
+// partitions.go: OwnPartitions). It is chosen once: in New when the Config
+// names one, else (OwnAuto) when Run starts, by the relays already running
+// (resolveOwnership). Each claimed batch carries what fences its marks
+// (fence); partition leases have duties of their own beside the drain
+// (leaseKeeper), which row claims do not.
 type ownership interface {
 	// lockModes are the advisory lock this ownership holds on the LISTEN
 	// connection and the other ownership's (exclusive.go).
@@ -26,51 +27,71 @@ type ownership interface {
 	// membershipMS is how long a membership lasts without renewal (0: for
 	// as long as the LISTEN backend lives).
 	membershipMS() int64
-	// prepare runs before each drain and single step.
-	prepare(ctx context.Context) error
-	// renewDue reports whether renew must run before the next batch; renew
-	// takes or renews what the relay owns (a failure is logged), and
-	// renewEvery is how often it runs while idle (0: never).
-	renewDue() bool
+	// read is the claim's statement: up to a batch of rows to publish,
+	// leaving out the rows of exclude (a batch whose mark is in flight).
+	read(token uuid.UUID, exclude []int64) queries.Statement
+	// admit keeps the rows of a read that go into one publish, and returns
+	// what fences their marks.
+	admit(token uuid.UUID, msgs []message) ([]message, fence)
+	// release gives back rows no attempt was spent on (the broker was
+	// unavailable) and returns how many.
+	release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, cause error) (int, error)
+	// leave ends what this relay owns, on its way out.
+	leave()
+}
+
+// fence is what the marks of a claimed batch are fenced by: the claim token
+// (row claims) or the slot lease each row was read under (partition leases).
+// A mark updates only the rows the fence still holds: a row another relay
+// took over after this one lost it is left to that relay.
+type fence interface {
+	// published and failed are the statements that record the outcome of
+	// m's rows (m.rows are their places in the batch).
+	published(m *pendingMark) queries.Statement
+	failed(m *pendingMark, delays []int64, maxAttempts int) queries.Statement
+}
+
+// leaseKeeper is what partition leases do beside the drain, and row claims
+// do not: take, renew and give back the slots, wake the relays that own the
+// other slots, and overlap a batch's mark with the next batch's read.
+type leaseKeeper interface {
+	// beforeBatch runs before each batch: once, the check that no row
+	// claimer runs; when due, a renewal of the leases, after flush (the
+	// last batch's mark: a slot given back with its mark unsent would
+	// leave its rows to be published twice).
+	beforeBatch(ctx context.Context, flush func() error) error
+	// renew takes or renews this relay's slots when due (a failure is
+	// logged); renewEvery is how often it runs while the relay is idle.
 	renew(ctx context.Context)
 	renewEvery() time.Duration
 	// queueWakeOthers queues, in a claim's round trip, what wakes the other
 	// relays while this one tells writers op (or has told them "busy").
 	queueWakeOthers(b *pgx.Batch, op flagOp)
-	// read is the claim's statement: up to a batch of rows to publish,
-	// leaving out the rows of exclude (a batch whose mark is in flight).
-	read(token uuid.UUID, exclude []int64) queries.Statement
-	// admit keeps the rows of a read that go into one publish, with the
-	// lease each is marked under (nil: the claim token fences them).
-	admit(msgs []message) ([]message, []rowLease)
-	// overlapsMarks: a batch's mark may run beside the next batch's read.
-	overlapsMarks() bool
-	// markPublished and markFailed are the statements that record a
-	// batch's outcome, fenced as this ownership fences.
-	markPublished(m *pendingMark) queries.Statement
-	markFailed(f *pendingMark, delays []int64) queries.Statement
-	// release gives back rows no attempt was spent on (the broker was
-	// unavailable) and returns how many.
-	release(ctx context.Context, token uuid.UUID, ids []uuid.UUID, cause error) (int, error)
 	// listening is told that the LISTEN connection is (back) up.
 	listening()
-	// leave ends what this relay owns, on its way out.
-	leave()
+}
+
+// owner is the relay's ownership and, for partition leases, their keeper
+// (nil for row claims).
+type owner struct {
+	ownership
+	leases leaseKeeper
 }
 
 // newOwnership is the ownership named (OwnRows or OwnPartitions).
-func newOwnership(r *Relay, name string) ownership {
+func newOwnership(r *Relay, name string) owner {
 	if name == OwnPartitions {
-		return &partitionLeases{r: r, leases: leases{owner: r.cfg.Name}}
+		p := &partitionLeases{r: r, leases: leases{owner: r.cfg.Name}}
+		return owner{ownership: p, leases: p}
 	}
-	return rowClaims{r}
+	return owner{ownership: rowClaims{r}}
 }
 
 // chooseOwnership sets the relay's ownership: the one its Config names, or
 // for OwnAuto the one resolveOwnership finds (until then, none).
 func (r *Relay) chooseOwnership(name string) {
 	if name == OwnAuto {
-		r.own = nil
+		r.own = owner{}
 		r.ownName.Store(nil)
 		return
 	}
@@ -99,7 +120,7 @@ func (r *Relay) forgetOwnership() {
 // chooses again (a Run right after one that claimed rows may still see its
 // own LISTEN backend's lock, and be refused once more).
 func (r *Relay) resolveOwnership(ctx context.Context) error {
-	if r.own != nil {
+	if r.own.ownership != nil {
 		return nil
 	}
 	st := queries.RelayOwnershipAuto(r.cfg.Lease.Milliseconds())
@@ -135,29 +156,29 @@ func (r *Relay) Ownership() string {
 // marks are fenced by the token, the reaper returns expired claims.
 type rowClaims struct{ r *Relay }
 
-func (rowClaims) lockModes() (own, other int)        { return 1, 2 }
-func (rowClaims) membershipMS() int64                { return 0 }
-func (rowClaims) prepare(context.Context) error      { return nil }
-func (rowClaims) renewDue() bool                     { return false }
-func (rowClaims) renew(context.Context)              {}
-func (rowClaims) renewEvery() time.Duration          { return 0 }
-func (rowClaims) queueWakeOthers(*pgx.Batch, flagOp) {}
-func (rowClaims) overlapsMarks() bool                { return false }
-func (rowClaims) listening()                         {}
+func (rowClaims) lockModes() (own, other int) { return 1, 2 }
+func (rowClaims) membershipMS() int64         { return 0 }
 
 func (o rowClaims) read(token uuid.UUID, _ []int64) queries.Statement {
 	r := o.r
 	return queries.RelayClaim(r.batchLimit(), token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listener.pid.Load(), r.cfg.BatchBytes)
 }
 
-func (rowClaims) admit(msgs []message) ([]message, []rowLease) { return msgs, nil }
-
-func (rowClaims) markPublished(m *pendingMark) queries.Statement {
-	return queries.RelayMarkPublished(m.ids, m.streamIDs, m.token)
+// admit: every claimed row goes into the publish, fenced by the claim token.
+func (rowClaims) admit(token uuid.UUID, msgs []message) ([]message, fence) {
+	return msgs, claimToken(token)
 }
 
-func (o rowClaims) markFailed(f *pendingMark, delays []int64) queries.Statement {
-	return queries.RelayMarkFailed(f.ids, f.streamIDs, delays, f.token, o.r.cfg.MaxAttempts)
+// claimToken fences the marks of a batch of claimed rows: a row the reaper
+// returned to pending and another relay claimed has another token.
+type claimToken uuid.UUID
+
+func (t claimToken) published(m *pendingMark) queries.Statement {
+	return queries.RelayMarkPublished(m.ids, m.streamIDs, uuid.UUID(t))
+}
+
+func (t claimToken) failed(m *pendingMark, delays []int64, maxAttempts int) queries.Statement {
+	return queries.RelayMarkFailed(m.ids, m.streamIDs, delays, uuid.UUID(t), maxAttempts)
 }
 
 // release returns the rows to pending, claimable again after releaseDelay.

@@ -82,11 +82,6 @@ func (p *partitionLeases) membershipMS() int64 { return p.r.cfg.Lease.Millisecon
 // listening: the slots must carry the new LISTEN pid: renew now.
 func (p *partitionLeases) listening() { p.r.slotsFreed.Store(true) }
 
-// overlapsMarks: the last batch's mark, the costliest statement (a non-HOT
-// update per row), runs on a connection of its own while the next batch is
-// read and published (batch.go).
-func (*partitionLeases) overlapsMarks() bool { return true }
-
 // queueWakeOthers: writers are silent while any relay is busy, but this
 // relay drains only its own slots: wake the others at every batch while
 // busy, and when it says "sleep" (delivered at commit, after the writers
@@ -133,23 +128,44 @@ func (p *partitionLeases) read(_ uuid.UUID, exclude []int64) queries.Statement {
 		r.cfg.RedeliveryWindow().Milliseconds(), r.cfg.BatchBytes)
 }
 
-// admit keeps the first row of each key, each with the lease it was read
-// under.
-func (p *partitionLeases) admit(msgs []message) ([]message, []rowLease) {
+// admit keeps the first row of each key, each fenced by the lease of the
+// slot it was read from.
+func (p *partitionLeases) admit(_ uuid.UUID, msgs []message) ([]message, fence) {
 	msgs = firstOfEachKey(msgs)
-	ls := make([]rowLease, len(msgs))
+	f := slotLeases{slots: make([]int32, len(msgs)), tokens: make([]uuid.UUID, len(msgs))}
 	for i, m := range msgs {
-		ls[i] = p.leaseOf(m)
+		s := partition.Of(m.PartitionKey, p.leases.slots)
+		f.slots[i], f.tokens[i] = int32(s), p.leases.held[s].token
 	}
-	return msgs, ls
+	return msgs, f
 }
 
-func (*partitionLeases) markPublished(m *pendingMark) queries.Statement {
-	return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, m.slots, m.tokens)
+// slotLeases fences the marks of a batch read from leased slots: each row's
+// slot and the lease token it was read under, by its place in the batch. A
+// relay that lost a slot to another (it stalled past its lease) marks none
+// of its rows.
+type slotLeases struct {
+	slots  []int32
+	tokens []uuid.UUID
 }
 
-func (p *partitionLeases) markFailed(f *pendingMark, delays []int64) queries.Statement {
-	return queries.RelayMarkFailedLeased(f.ids, f.streamIDs, delays, f.slots, f.tokens, p.r.cfg.MaxAttempts)
+// of returns the slots and tokens of m's rows.
+func (f slotLeases) of(m *pendingMark) ([]int32, []uuid.UUID) {
+	slots, tokens := make([]int32, len(m.rows)), make([]uuid.UUID, len(m.rows))
+	for j, i := range m.rows {
+		slots[j], tokens[j] = f.slots[i], f.tokens[i]
+	}
+	return slots, tokens
+}
+
+func (f slotLeases) published(m *pendingMark) queries.Statement {
+	slots, tokens := f.of(m)
+	return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, slots, tokens)
+}
+
+func (f slotLeases) failed(m *pendingMark, delays []int64, maxAttempts int) queries.Statement {
+	slots, tokens := f.of(m)
+	return queries.RelayMarkFailedLeased(m.ids, m.streamIDs, delays, slots, tokens, maxAttempts)
 }
 
 // release has nothing to give back: the rows were only read, and stay
@@ -281,12 +297,6 @@ func (p *partitionLeases) usableSlots() []int32 {
 	return slots
 }
 
-// leaseOf returns the slot m was read from and the token it was read under.
-func (p *partitionLeases) leaseOf(m message) rowLease {
-	s := partition.Of(m.PartitionKey, p.leases.slots)
-	return rowLease{slot: int32(s), token: p.leases.held[s].token}
-}
-
 // firstOfEachKey keeps the first message of each partition key (msgs are in
 // seq order): the others wait for the next read, so that a failed publish is
 // never overtaken by a later event of its key from the same pipeline.
@@ -330,17 +340,29 @@ func (p *partitionLeases) leave() {
 	r.cfg.Metrics.slots(0)
 }
 
-// rowLease is the slot a row was read from and the lease token it was read
-// under: its mark is fenced by them.
-type rowLease struct {
-	slot  int32
-	token uuid.UUID
-}
-
 // renewDue: the partition leases are due for renewal, or another relay gave
 // slots back (renew now to take them).
 func (p *partitionLeases) renewDue() bool {
 	return p.r.slotsFreed.Load() || !time.Now().Before(p.leases.due)
+}
+
+// beforeBatch: before the first read, the check that no row claimer runs
+// (prepare, exclusive.go); before each batch, a renewal when due, the last
+// batch's mark first (flush).
+func (p *partitionLeases) beforeBatch(ctx context.Context, flush func() error) error {
+	if err := p.prepare(ctx); err != nil {
+		return err
+	}
+	if !p.renewDue() {
+		return nil
+	}
+	if flush != nil {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	p.renew(ctx)
+	return nil
 }
 
 // wakePayload is the payload of the notifications a relay that owns

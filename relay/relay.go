@@ -72,7 +72,7 @@ type Relay struct {
 	// own: how this relay owns what it publishes (ownership.go), chosen
 	// once from Config.Ownership, or when Run starts for OwnAuto; ownName
 	// names it. Owned by drainLoop.
-	own     ownership
+	own     owner
 	ownName atomic.Pointer[string]
 	// slotsFreed: another relay gave partition slots back; renew now.
 	slotsFreed atomic.Bool
