@@ -74,41 +74,7 @@ func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, de
 	if r.own.leases == nil || prev == nil {
 		return r.drainOne(ctx, op, prev, nil, deferMark)
 	}
-	// With partition leases the last batch's mark runs on a connection of
-	// its own while this batch is read and published: the read leaves the
-	// last batch's rows out, and may take the next event of their keys,
-	// which is published after them. (A batch whose publishes failed records that before it
-	// returns, so the read already sees those rows waiting for their retry.)
-	join := r.markAsync(ctx, prev)
-	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
-	var prevRes BatchResult
-	if merr := join(&prevRes); merr != nil {
-		err = errors.Join(err, merr)
-	}
-	res.Published += prevRes.Published
-	res.Fenced += prevRes.Fenced
-	return res, next, err
-}
-
-// markAsync sends m's mark on its own connection; the returned function
-// waits for it and counts it in res.
-func (r *Relay) markAsync(ctx context.Context, m *pendingMark) func(res *BatchResult) error {
-	done := make(chan struct{})
-	var (
-		res BatchResult
-		err error
-	)
-	go func() {
-		defer close(done)
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		defer cancel()
-		err = r.markPublished(mctx, &res, m)
-	}()
-	return func(into *BatchResult) error {
-		<-done
-		*into = res
-		return err
-	}
+	return r.drainOverlapped(ctx, op, prev, deferMark) // partition leases (partitions.go)
 }
 
 // drainOne is drainBatch in one piece: it also leaves out of its claim the

@@ -25,7 +25,7 @@ import (
 // once.
 //
 // A relay leasing partitions that finds no claimer alive returns every
-// 'publishing' row to pending at once (partitionLeases.prepare): those are a dead
+// 'publishing' row to pending at once (partitionLeases.prepare, partitions.go): those are a dead
 // claimer's, left from before a switch of ownership, and as pending rows
 // with an attempt counted they hold back the later events of their keys
 // (relay_read.sql), where as 'publishing' rows they would not.
@@ -95,35 +95,4 @@ func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
 		return nil
 	}
 	return err
-}
-
-// prepare returns every 'publishing' row to pending (an attempt counted)
-// before a partition owner's first read, once it knows no row claimer runs:
-// each such row is a dead claimer's. A relay of the other ownership found
-// running stops Run.
-func (p *partitionLeases) prepare(ctx context.Context) error {
-	r := p.r
-	if p.leftoversReclaimed {
-		return nil
-	}
-	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
-		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	})
-	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {
-		r.log.Error("relay stopping", slog.Any("error", err))
-		r.stop(err)
-	}
-	if err != nil {
-		return err
-	}
-	n, err := r.reaper.reap(ctx, 0, nil)
-	if err != nil {
-		return fmt.Errorf("return a dead row claimer's claims to pending: %w", err)
-	}
-	if n > 0 {
-		r.log.Warn("returned the claims of relays that claimed rows (before a switch to partition leases) to pending",
-			slog.Int("rows", n))
-	}
-	p.leftoversReclaimed = true
-	return nil
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -380,4 +381,75 @@ const slotsFreedPrefix = "relay-slots-freed:"
 // notify is a NOTIFY on this relay's channel.
 func (r *Relay) notify(payload string) queries.Statement {
 	return queries.RelayNotify(r.cfg.Channel, payload)
+}
+
+// drainOverlapped is drainBatch with partition leases: the last batch's
+// mark, the costliest statement (a non-HOT update per row), runs on a
+// connection of its own while this batch is read and published; the read
+// leaves the last batch's rows out, and may take the next event of their
+// keys, which is published after them. (A batch whose publishes failed
+// records that before it returns, so the read already sees those rows
+// waiting for their retry.)
+func (r *Relay) drainOverlapped(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
+	join := r.markAsync(ctx, prev)
+	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
+	var prevRes BatchResult
+	if merr := join(&prevRes); merr != nil {
+		err = errors.Join(err, merr)
+	}
+	res.Published += prevRes.Published
+	res.Fenced += prevRes.Fenced
+	return res, next, err
+}
+
+// markAsync sends m's mark on its own connection; the returned function
+// waits for it and counts it in res.
+func (r *Relay) markAsync(ctx context.Context, m *pendingMark) func(res *BatchResult) error {
+	done := make(chan struct{})
+	var (
+		res BatchResult
+		err error
+	)
+	go func() {
+		defer close(done)
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		err = r.markPublished(mctx, &res, m)
+	}()
+	return func(into *BatchResult) error {
+		<-done
+		*into = res
+		return err
+	}
+}
+
+// prepare returns every 'publishing' row to pending (an attempt counted)
+// before a partition owner's first read, once it knows no row claimer runs:
+// each such row is a dead claimer's. A relay of the other ownership found
+// running stops Run.
+func (p *partitionLeases) prepare(ctx context.Context) error {
+	r := p.r
+	if p.leftoversReclaimed {
+		return nil
+	}
+	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
+		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
+	})
+	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {
+		r.log.Error("relay stopping", slog.Any("error", err))
+		r.stop(err)
+	}
+	if err != nil {
+		return err
+	}
+	n, err := r.reaper.reap(ctx, 0, nil)
+	if err != nil {
+		return fmt.Errorf("return a dead row claimer's claims to pending: %w", err)
+	}
+	if n > 0 {
+		r.log.Warn("returned the claims of relays that claimed rows (before a switch to partition leases) to pending",
+			slog.Int("rows", n))
+	}
+	p.leftoversReclaimed = true
+	return nil
 }
