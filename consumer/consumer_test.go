@@ -356,14 +356,19 @@ func ownerReader(c *Consumer, f *feed) *streamReader {
 }
 
 // readNewOnce reads f's new entries once, as its owner's worker does, and
-// applies them.
+// applies them (after the earlier entries the read adopted).
 func readNewOnce(ctx context.Context, c *Consumer, f feed) error {
 	r := ownerReader(c, &f)
 	msgs, err := r.readNew(ctx, c.cfg.Block, false)
-	if herr := c.handle(ctx, f, r, msgs); herr != nil {
-		return herr
+	for {
+		if herr := c.handle(ctx, f, r, msgs); herr != nil {
+			return herr
+		}
+		if len(r.queue) == 0 {
+			return err
+		}
+		msgs, r.queue = r.queue[0], r.queue[1:] // the new entries, after the earlier ones adopted
 	}
-	return err
 }
 
 // claimAll claims and applies every entry pending in f's partition, as a
@@ -381,4 +386,69 @@ func claimAll(ctx context.Context, c *Consumer, f feed) error {
 		}
 	}
 	return nil
+}
+
+// careless applies every message it can and fails those of the aggregates
+// in failing, ignoring its batch's per-key order (Order): what the
+// consumer itself guarantees shows with it.
+type careless struct {
+	*recorder
+	failing map[string]bool
+}
+
+func (h *careless) Handle(ctx context.Context, b Batch) []Result {
+	res := make([]Result, len(b.Messages))
+	sub := b
+	sub.Messages = nil
+	var at []int
+	for i, m := range b.Messages {
+		if h.failing[m.AggregateID] {
+			res[i].Err = errors.New("store down")
+			continue
+		}
+		sub.Messages = append(sub.Messages, m)
+		at = append(at, i)
+	}
+	for j, r := range h.recorder.Handle(ctx, sub) {
+		res[at[j]] = r
+	}
+	return res
+}
+
+// An entry adopted from an earlier owner goes to the handler in a batch of
+// its own, before the new entries read with it: when its effect fails, the
+// gate holds the later entries of its key back, whatever the handler does
+// with a batch.
+func TestAdoptedEntryThatFailsHoldsTheNewEntriesOfItsKey(t *testing.T) {
+	t.Parallel()
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	h := &careless{recorder: newRecorder(rdb.Client), failing: map[string]bool{"first": true}}
+	c := newGroupConsumer(t, rdb, h, testConfig(rdb, "new"))
+	pt := c.parts[0]
+	fence, err := c.lease(ctx, pt)
+	if err != nil || fence == "" {
+		t.Fatalf("lease: %q %v", fence, err)
+	}
+	publishKeyed(t, rdb, pt.stream, "first", "k")
+	// The old owner's late read: the entry is delivered to it, not applied.
+	if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: "test", Consumer: "old",
+		Streams: []string{pt.stream, ">"}, Count: 1, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	publishKeyed(t, rdb, pt.stream, "second", "k")
+	if err := readNewOnce(ctx, c, feed{part: pt, fence: fence}); !effectFailedOnly(err) {
+		t.Fatalf("read: %v, want the adopted entry's effect failure", err)
+	}
+	if got := h.effects(); len(got) != 0 {
+		t.Fatalf("applied %v while the key's earlier entry failed, want nothing", got)
+	}
+	// Once the store is back, the retry applies both, in order.
+	h.failing = nil
+	if err := c.stepProcessPending(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.effects(); fmt.Sprint(got) != "[first second]" {
+		t.Fatalf("applied %v after the retry, want [first second]", got)
+	}
 }

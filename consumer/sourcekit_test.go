@@ -63,3 +63,34 @@ func TestSourceKitJetStream(t *testing.T) {
 		}
 	})
 }
+
+// A redelivered batch's delivery counts are looked up over its range of
+// ids, where other entries pending with the consumer may lie: each entry
+// of the batch gets its own count (an invalid entry on its last delivery
+// is dead-lettered then, not a delivery later).
+func TestDeliveryCountsOfEntriesWithOthersPendingBetween(t *testing.T) {
+	t.Parallel()
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	cfg := testConfig(rdb, "c").withDefaults()
+	s := newStreams(rdb.Client, cfg, slog.New(slog.DiscardHandler))
+	if err := s.CreateGroup(ctx, cfg.Group, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: cfg.Stream, Values: []any{"n", i}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: cfg.Group, Consumer: "c", Streams: []string{cfg.Stream, ">"}, Block: -1}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 4 {
+		t.Fatalf("read %v, %v", res, err)
+	}
+	xs := res[0].Messages
+	r := s.reader(source.Partition{Group: cfg.Group, Subject: cfg.Stream}, newGate())
+	for _, m := range r.messages(ctx, []redis.XMessage{xs[0], xs[3]}, true) {
+		if m.Deliveries() != 1 {
+			t.Errorf("entry %s: %d deliveries, want 1", m.ID(), m.Deliveries())
+		}
+	}
+}

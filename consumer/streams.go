@@ -123,6 +123,13 @@ type streamReader struct {
 
 	count int        // new entries per read (nextCount)
 	ahead *readAhead // the next read of new entries, sent under a backlog
+	// queue are the batches the next Reads return first: the new entries
+	// read after earlier ones adopted, each in a batch of its own.
+	queue [][]source.Message
+	// stepFailed: an effect failed on a page of the takeover or claim under
+	// way, which goes on (the gate holds the failed keys) and backs off
+	// once it has ended.
+	stepFailed bool
 }
 
 type readKind int
@@ -175,10 +182,23 @@ func (r *streamReader) resume(ctx context.Context, log *slog.Logger, err error) 
 		r.pass = &pendingPass{failed: true}
 		r.endPass(log, err)
 		return false
+	case effectFailedOnly(err) && (r.last == readTakeover && !r.takenOver || r.last == readClaim && r.claiming):
+		r.stepFailed = true
+		return false
+	}
+	if !effectFailedOnly(err) {
+		// New entries read after earlier ones whose batch failed stay
+		// pending, for the next adoption or retry to apply in order.
+		for _, batch := range r.queue {
+			for _, m := range batch {
+				delete(r.mine, m.ID())
+			}
+		}
+		r.queue = nil
 	}
 	// Entries the read left pending, or whose effects failed: they are
 	// applied by the retry of the pending entries, in order.
-	r.needPending = true
+	r.needPending, r.stepFailed = true, false
 	return true
 }
 
@@ -187,6 +207,18 @@ func (r *streamReader) resume(ctx context.Context, log *slog.Logger, err error) 
 // when due, a page of a pass over its own pending entries, or of a claim of
 // idle ones; otherwise new entries, after any earlier ones adopted.
 func (r *streamReader) Read(ctx context.Context, n int, block time.Duration) ([]source.Message, error) {
+	if len(r.queue) > 0 {
+		msgs := r.queue[0]
+		r.queue = r.queue[1:]
+		r.last = readNew
+		return msgs, nil
+	}
+	if r.stepFailed && r.takenOver && !r.claiming {
+		// The takeover or claim that failed on a page has ended: back off
+		// once now (r.last is still its kind).
+		r.stepFailed = false
+		return nil, fmt.Errorf("%w: entries of the partition's takeover or claim of idle entries", errEffect)
+	}
 	if !r.gate.empty() {
 		// Entries wait behind a failed one of their key: they are applied
 		// by the retry of the pending entries, in order.
@@ -373,13 +405,29 @@ func (r *streamReader) readNew(ctx context.Context, block time.Duration, readOn 
 		before = fresh[0].ID
 	}
 	earlier, err := r.adoptEarlier(ctx, before)
-	msgs := r.messages(ctx, earlier, true)
+	adopted := r.messages(ctx, earlier, true)
 	if err != nil {
 		// The new entries stay pending with this consumer: the retry of the
 		// pending entries, or the next adoption, applies them.
-		return msgs, err
+		return adopted, err
 	}
-	return append(msgs, r.messages(ctx, fresh, false)...), nil
+	msgs := r.messages(ctx, fresh, false)
+	if len(adopted) == 0 {
+		return msgs, nil
+	}
+	// The earlier entries first, in batches of their own (at most
+	// MaxBatchSize each), then the new ones.
+	var batches [][]source.Message
+	for len(adopted) > 0 {
+		k := min(len(adopted), r.s.cfg.MaxBatchSize)
+		batches = append(batches, adopted[:k])
+		adopted = adopted[k:]
+	}
+	if len(msgs) > 0 {
+		batches = append(batches, msgs)
+	}
+	r.queue = append(r.queue, batches[1:]...)
+	return batches[0], nil
 }
 
 // readAhead is a read of new entries sent before the entries read before
@@ -502,14 +550,24 @@ func (r *streamReader) messages(ctx context.Context, xs []redis.XMessage, redeli
 	}
 	counts := map[string]int64{}
 	if redelivered {
-		pend, err := r.s.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: r.p.Subject, Group: r.p.Group, Consumer: r.s.cfg.Consumer,
-			Start: xs[0].ID, End: xs[len(xs)-1].ID, Count: int64(len(xs)),
-		}).Result()
-		if err == nil {
+		// Other entries pending with this consumer may lie between them:
+		// page on until the last one.
+		start := xs[0].ID
+		for ctx.Err() == nil {
+			pend, err := r.s.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+				Stream: r.p.Subject, Group: r.p.Group, Consumer: r.s.cfg.Consumer,
+				Start: start, End: xs[len(xs)-1].ID, Count: int64(len(xs)),
+			}).Result()
+			if err != nil { // counted 0: an invalid entry waits for a later delivery to be dead-lettered
+				break
+			}
 			for _, p := range pend {
 				counts[p.ID] = p.RetryCount
 			}
+			if len(pend) < len(xs) || pend[len(pend)-1].ID == xs[len(xs)-1].ID {
+				break
+			}
+			start = "(" + pend[len(pend)-1].ID
 		}
 	}
 	msgs := make([]source.Message, len(xs))
@@ -531,13 +589,18 @@ func (r *streamReader) Flush(timeout time.Duration) error {
 	}
 	ids := r.acks
 	r.acks = nil
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	// Not less than ackTimeout: an acknowledgement that fails leaves its
+	// entries to be applied again (as duplicates).
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, ackTimeout))
 	defer cancel()
 	if err := r.s.rdb.XAck(ctx, r.p.Subject, r.p.Group, ids...).Err(); err != nil {
 		return fmt.Errorf("xack %d entries: %w", len(ids), err)
 	}
 	return nil
 }
+
+// ackTimeout bounds an XACK at the least (the read's Block may be 1 ms).
+const ackTimeout = 5 * time.Second
 
 // streamMessage is one entry as a stream's reader read it.
 type streamMessage struct {

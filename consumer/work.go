@@ -111,12 +111,14 @@ func (c *Consumer) work(ctx context.Context, pt part, fence string) {
 				closeReader(rd)
 				rd = nil
 			}
-			if wait {
-				failures++
-				d := retryDelay(failures)
-				log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
-				retry.Sleep(ctx, d)
+			if !wait {
+				failures = 0 // the reader paces what failed: the next read is new work
+				continue
 			}
+			failures++
+			d := retryDelay(failures)
+			log.Warn("processing failed; retrying", slog.Any("error", err), slog.Duration("retry_in", d))
+			retry.Sleep(ctx, d)
 		}
 	}
 }
