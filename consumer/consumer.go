@@ -19,7 +19,8 @@
 // effect: anti-fraud, package fraud, is such a consumer).
 //
 // The code, one concept per file: consumer.go (the Consumer, Run),
-// ownership.go and lease.lua (partition leases, one worker per partition),
+// ownership.go and lease.lua (the group's coordination in Redis, whatever
+// the source: partition leases and their fences, one worker per partition),
 // work.go (the worker's loop over its partition's source, the same for
 // every source; dead letters), streams.go (Redis Streams as the source: the
 // takeover of pending entries, retries, claims of idle entries, entries an
@@ -39,7 +40,6 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -65,9 +65,7 @@ type Consumer struct {
 	// streamAgeChecked: the source's retention was found covered by the
 	// handler's dedupe records (checkStreamAge).
 	streamAgeChecked atomic.Bool
-	// token identifies this process in the consumer name's lease.
-	token        string
-	leaseRenewed time.Time
+	group            *coordination // membership, leases, names: who applies what (ownership.go)
 	// The fail points of this kind of consumer (Config.Name).
 	afterRead, afterEffect string
 	outcomeAttr            string // the span attribute of a message's outcome
@@ -118,13 +116,13 @@ func New(rdb redis.Cmdable, h Handler, cfg Config) (*Consumer, error) {
 		handler:     h,
 		keys:        Keys{Prefix: cfg.KeyPrefix},
 		parts:       ps,
-		token:       processToken(rdb),
 		log:         cfg.Logger.With(slog.String("consumer", cfg.Consumer), slog.String("group", cfg.Group)),
 		afterRead:   cfg.Name + ".after-read",
 		afterEffect: cfg.Name + ".after-effect",
 		outcomeAttr: cfg.Name + ".outcome",
 	}
 	c.src = newStreams(rdb, cfg, c.log)
+	c.group = &coordination{rdb: rdb, cfg: cfg, keys: c.keys, parts: ps, log: c.log, token: processToken(rdb)}
 	return c, nil
 }
 
@@ -208,10 +206,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.checkStreamAge(ctx); err != nil {
 		return err // (a stream the relay has not created yet is checked when a partition is taken over)
 	}
-	if err := c.ensureNameFree(ctx); err != nil {
+	if err := c.group.ensureNameFree(ctx); err != nil {
 		return err
 	}
-	defer c.releaseName()
+	defer c.group.releaseName()
 	c.log.Info("consumer starting", slog.String("stream", c.cfg.Stream), slog.Int("partitions", c.cfg.Partitions))
 	if m, ok := c.handler.(Maintainer); ok {
 		// Its own context: Run also ends without ctx cancelled (a name

@@ -169,7 +169,7 @@ func TestConsumerNameInUseIsRefused(t *testing.T) {
 	go func() { done <- fourth.Run(ctx4) }()
 	outboxtest.Eventually(t, 5*time.Second, func() bool {
 		v, _ := rdb.Get(context.Background(), key).Result()
-		return v == fourth.token
+		return v == fourth.group.token
 	}, "the new consumer never took over the crashed namesake's expired lease")
 	cancel4()
 	if err := <-done; err != nil {
@@ -180,7 +180,7 @@ func TestConsumerNameInUseIsRefused(t *testing.T) {
 // owns reports whether c holds the lease of partition p.
 func owns(rdb outboxtest.Redis, c *Consumer, p int) bool {
 	v, err := rdb.Get(context.Background(), c.parts[p].keys.Lease(c.cfg.Group)).Result()
-	return err == nil && strings.HasSuffix(v, "|"+c.holder())
+	return err == nil && strings.HasSuffix(v, "|"+c.group.holder())
 }
 
 // A consumer that lost its partition's lease (it stalled past it, or the
@@ -193,7 +193,7 @@ func TestStaleOwnerIsFenced(t *testing.T) {
 	h := newRecorder(rdb.Client)
 	c := newGroupConsumer(t, rdb, h, testConfig(rdb, "stale"))
 	pt := c.parts[0]
-	fence, err := c.lease(ctx, pt)
+	fence, err := c.group.lease(ctx, pt)
 	if err != nil || fence == "" {
 		t.Fatalf("lease: %q %v", fence, err)
 	}
@@ -234,7 +234,7 @@ func TestNewOwnerAppliesWhatTheOldOwnerReadLate(t *testing.T) {
 	h := newRecorder(rdb.Client)
 	c := newGroupConsumer(t, rdb, h, testConfig(rdb, "new"))
 	pt := c.parts[0]
-	fence, err := c.lease(ctx, pt)
+	fence, err := c.group.lease(ctx, pt)
 	if err != nil || fence == "" {
 		t.Fatalf("lease: %q %v", fence, err)
 	}
@@ -269,17 +269,17 @@ func TestRestartedConsumerResumesItsPartitionsAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, err := crashed.lease(ctx, crashed.parts[0])
+	old, err := crashed.group.lease(ctx, crashed.parts[0])
 	if err != nil || old == "" {
 		t.Fatalf("lease: %q %v", old, err)
 	}
 	restarted, _ := New(rdb.Client, h, cfg)
-	v, err := restarted.lease(ctx, restarted.parts[0])
+	v, err := restarted.group.lease(ctx, restarted.parts[0])
 	if err != nil || v == "" || v == old {
 		t.Fatalf("restarted consumer's lease: %q (%v), want a new epoch after %q", v, err, old)
 	}
 	other, _ := New(rdb.Client, h, testConfig(rdb, "c2"))
-	if v, err := other.lease(ctx, other.parts[0]); err != nil || v != "" {
+	if v, err := other.group.lease(ctx, other.parts[0]); err != nil || v != "" {
 		t.Fatalf("another consumer took a live lease: %q %v", v, err)
 	}
 }
@@ -426,7 +426,7 @@ func TestAdoptedEntryThatFailsHoldsTheNewEntriesOfItsKey(t *testing.T) {
 	h := &careless{recorder: newRecorder(rdb.Client), failing: map[string]bool{"first": true}}
 	c := newGroupConsumer(t, rdb, h, testConfig(rdb, "new"))
 	pt := c.parts[0]
-	fence, err := c.lease(ctx, pt)
+	fence, err := c.group.lease(ctx, pt)
 	if err != nil || fence == "" {
 		t.Fatalf("lease: %q %v", fence, err)
 	}

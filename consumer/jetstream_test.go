@@ -323,7 +323,7 @@ func TestJetStreamStaleOwnerReadsNothingOfTheNewOwners(t *testing.T) {
 // returns the partition as c's worker would apply it.
 func (c *Consumer) takeOver(t *testing.T, p int) feed {
 	t.Helper()
-	fence, err := c.lease(context.Background(), c.parts[p])
+	fence, err := c.group.lease(context.Background(), c.parts[p])
 	if err != nil || fence == "" {
 		t.Fatalf("take partition %d's lease: %q, %v", p, fence, err)
 	}

@@ -21,32 +21,32 @@ var ErrNameInUse = errors.New("consumer name in use")
 // Keys.Consumer(group, name) holds a random token of the process and lives
 // nameLeaseTTL; the consumer renews it every loop. A consumer that crashed
 // leaves it to expire.
-func (c *Consumer) nameLeaseTTL() time.Duration { return 3*c.cfg.Block + time.Second }
+func (g *coordination) nameLeaseTTL() time.Duration { return 3*g.cfg.Block + time.Second }
 
 // ensureNameFree takes the name's lease. If another process holds it, it
 // watches the lease: one that is renewed (or taken over) belongs to a live
 // consumer, and the name is refused; one that only runs down was left by a
 // crash, and the name is taken when it expires.
-func (c *Consumer) ensureNameFree(ctx context.Context) error {
-	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
+func (g *coordination) ensureNameFree(ctx context.Context) error {
+	key := g.keys.Consumer(g.cfg.Group, g.cfg.Consumer)
 	inUse := func() error {
 		return fmt.Errorf("%w: consumer %q of group %s is running elsewhere (it keeps renewing %s); "+
 			"give each consumer its own name (--consumer, or Config.Consumer)",
-			ErrNameInUse, c.cfg.Consumer, c.cfg.Group, key)
+			ErrNameInUse, g.cfg.Consumer, g.cfg.Group, key)
 	}
 	var holder string
 	var left time.Duration
 	for {
-		ok, err := c.rdb.SetNX(ctx, key, c.token, c.nameLeaseTTL()).Result()
+		ok, err := g.rdb.SetNX(ctx, key, g.token, g.nameLeaseTTL()).Result()
 		if err != nil {
-			return fmt.Errorf("take the consumer name %q: %w", c.cfg.Consumer, err)
+			return fmt.Errorf("take the consumer name %q: %w", g.cfg.Consumer, err)
 		}
 		if ok {
-			c.leaseRenewed = time.Now()
+			g.leaseRenewed = time.Now()
 			return nil
 		}
-		v, verr := c.rdb.Get(ctx, key).Result()
-		ttl, terr := c.rdb.PTTL(ctx, key).Result()
+		v, verr := g.rdb.Get(ctx, key).Result()
+		ttl, terr := g.rdb.PTTL(ctx, key).Result()
 		switch {
 		case errors.Is(verr, redis.Nil) || ttl == -2*time.Nanosecond:
 			continue // expired just now
@@ -54,16 +54,16 @@ func (c *Consumer) ensureNameFree(ctx context.Context) error {
 			return fmt.Errorf("read the consumer name's lease %s: %w", key, errors.Join(verr, terr))
 		case ttl < 0:
 			return inUse() // no expiry: not a lease a crash could leave behind
-		case v != c.token && c.holderGone(ctx, v):
+		case v != g.token && g.holderGone(ctx, v):
 			// Its process is dead (its presence connection is gone):
 			// take the name now rather than when the lease runs out.
-			_ = releaseScript.Run(ctx, c.rdb, []string{key}, v).Err()
+			_ = releaseScript.Run(ctx, g.rdb, []string{key}, v).Err()
 			continue
 		case holder != "" && (v != holder || ttl > left+50*time.Millisecond):
 			return inUse() // renewed or taken over meanwhile: a live consumer
 		}
 		holder, left = v, ttl
-		retry.Sleep(ctx, min(ttl+10*time.Millisecond, c.cfg.Block/2, time.Second))
+		retry.Sleep(ctx, min(ttl+10*time.Millisecond, g.cfg.Block/2, time.Second))
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -89,29 +89,29 @@ var errNameTaken = fmt.Errorf("%w: another process took this consumer's name whi
 // and a supervisor started a replacement), it returns errNameTaken: two
 // processes under one name would share a pending list and take each
 // other's partitions, so the one that was away stands down for good.
-func (c *Consumer) renewName(ctx context.Context) error {
-	if time.Since(c.leaseRenewed) < c.nameLeaseTTL()/3 {
+func (g *coordination) renewName(ctx context.Context) error {
+	if time.Since(g.leaseRenewed) < g.nameLeaseTTL()/3 {
 		return nil
 	}
-	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
-	ok, err := renewScript.Run(ctx, c.rdb, []string{key}, c.token, c.nameLeaseTTL().Milliseconds()).Int()
+	key := g.keys.Consumer(g.cfg.Group, g.cfg.Consumer)
+	ok, err := renewScript.Run(ctx, g.rdb, []string{key}, g.token, g.nameLeaseTTL().Milliseconds()).Int()
 	if err != nil {
 		return nil // Redis trouble shows in the read that follows
 	}
 	if ok == 0 {
 		return errNameTaken
 	}
-	c.leaseRenewed = time.Now()
+	g.leaseRenewed = time.Now()
 	return nil
 }
 
 // releaseName gives the name back on a clean stop, so a successor need not
 // wait for the lease to expire.
-func (c *Consumer) releaseName() {
+func (g *coordination) releaseName() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	key := c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)
-	if v, err := c.rdb.Get(ctx, key).Result(); err == nil && v == c.token {
-		c.rdb.Del(ctx, key)
+	key := g.keys.Consumer(g.cfg.Group, g.cfg.Consumer)
+	if v, err := g.rdb.Get(ctx, key).Result(); err == nil && v == g.token {
+		g.rdb.Del(ctx, key)
 	}
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -44,6 +45,23 @@ var (
 	releaseScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
 )
 
+// coordination is what the consumers of a group share besides the messages,
+// in Redis whatever the source: their membership and presence
+// (presence.go), the partition leases that fence the effects (below), the
+// consumers' names (name.go), and the partitions' dead letters and stats
+// (Keys). A Consumer applies its partitions; its coordination says which.
+type coordination struct {
+	rdb   redis.Cmdable
+	cfg   Config
+	keys  Keys   // the group's keys as a whole (names, members)
+	parts []part // the stream's partitions, with their keys
+	log   *slog.Logger
+	// token identifies this process in its leases; leaseRenewed is when
+	// it last renewed its name's.
+	token        string
+	leaseRenewed time.Time
+}
+
 // part is one partition of the consumed stream.
 type part struct {
 	n      int    // its number
@@ -63,7 +81,7 @@ func parts(cfg Config) []part {
 
 // holder is how this process appears in its leases: its name and its
 // token, which tells it apart from an earlier process of the same name.
-func (c *Consumer) holder() string { return c.cfg.Consumer + "|" + c.token }
+func (g *coordination) holder() string { return g.cfg.Consumer + "|" + g.token }
 
 // worker is a partition this consumer owns, and the goroutine applying it.
 type worker struct {
@@ -81,7 +99,7 @@ func (c *Consumer) own(ctx context.Context) error {
 	// once the workers have finished their batches and given their
 	// partitions back (defers run in reverse), so that the others do not
 	// take a stopping consumer for dead.
-	pres := &presence{c: c, absent: map[string]time.Time{}}
+	pres := &presence{g: c.group, absent: map[string]time.Time{}}
 	defer pres.close()
 	workers := map[int]*worker{}
 	stop := func(p int, release bool) {
@@ -92,8 +110,7 @@ func (c *Consumer) own(ctx context.Context) error {
 		if release {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
-			pt := c.parts[p]
-			if err := releaseScript.Run(rctx, c.rdb, []string{pt.keys.Lease(c.cfg.Group)}, w.fence).Err(); err != nil {
+			if err := c.group.release(rctx, c.parts[p], w.fence); err != nil {
 				c.log.Warn("giving a partition back failed; it moves when its lease expires",
 					slog.Int("partition", p), slog.Any("error", err))
 			}
@@ -106,7 +123,7 @@ func (c *Consumer) own(ctx context.Context) error {
 	// is not ctx's: a shutdown cancels ctx first.
 	hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	var heartbeat sync.WaitGroup
-	heartbeat.Go(func() { c.heartbeat(hctx) })
+	heartbeat.Go(func() { c.group.heartbeat(hctx) })
 	nameTaken := false
 	defer func() {
 		for p := range workers {
@@ -122,7 +139,7 @@ func (c *Consumer) own(ctx context.Context) error {
 		// their next tick.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if err := c.rdb.ZRem(rctx, c.keys.Members(c.cfg.Group), c.cfg.Consumer).Err(); err != nil {
+		if err := c.group.leave(rctx); err != nil {
 			c.log.Warn("leaving the group's members failed; the others rebalance when the membership runs out", slog.Any("error", err))
 		}
 	}()
@@ -130,7 +147,7 @@ func (c *Consumer) own(ctx context.Context) error {
 	// A full pass (name, membership, leases) every renewEvery, and at once
 	// when the members changed; in between, every presenceEvery, the
 	// membership's heartbeat and a look for dead members (presence.go).
-	renewEvery := min(c.cfg.PartitionLease/4, c.nameLeaseTTL()/3)
+	renewEvery := min(c.cfg.PartitionLease/4, c.group.nameLeaseTTL()/3)
 	fast := time.NewTicker(min(presenceEvery, renewEvery))
 	defer fast.Stop()
 	var want []int
@@ -139,14 +156,14 @@ func (c *Consumer) own(ctx context.Context) error {
 		if err := pres.open(ctx); err != nil && ctx.Err() == nil {
 			c.log.Debug("opening the presence connection failed; retrying", slog.Any("error", err))
 		}
-		if err := c.renewName(ctx); err != nil {
+		if err := c.group.renewName(ctx); err != nil {
 			c.log.Error("another process runs under this consumer name, started while this one was away; "+
 				"standing down for good (give each consumer its own --consumer)",
 				slog.String("key", c.keys.Consumer(c.cfg.Group, c.cfg.Consumer)))
 			nameTaken = true
 			return err
 		}
-		if members, _, err := c.members(ctx); err != nil {
+		if members, _, err := c.group.members(ctx); err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("reading the group's members failed", slog.Any("error", err))
 			}
@@ -160,7 +177,7 @@ func (c *Consumer) own(ctx context.Context) error {
 			}
 		}
 		for _, p := range want {
-			fence, err := c.lease(ctx, c.parts[p])
+			fence, err := c.group.lease(ctx, c.parts[p])
 			w := workers[p]
 			switch {
 			case err != nil:
@@ -198,7 +215,7 @@ func (c *Consumer) own(ctx context.Context) error {
 			// key moved to another node), so that the others do not take
 			// this consumer for dead.
 			_ = pres.open(ctx)
-			members, scores, err := c.members(ctx)
+			members, scores, err := c.group.members(ctx)
 			if err != nil {
 				break // the full pass logs it
 			}
@@ -218,9 +235,9 @@ func (c *Consumer) own(ctx context.Context) error {
 // members says this consumer is alive and returns the group's live members,
 // sorted, and each one's membership score (when its membership ends: it
 // moves forward at every heartbeat of a live member).
-func (c *Consumer) members(ctx context.Context) ([]string, map[string]string, error) {
-	ttl := c.cfg.PartitionLease.Milliseconds()
-	flat, err := membersScript.Run(ctx, c.rdb, []string{c.keys.Members(c.cfg.Group)}, c.cfg.Consumer, ttl).StringSlice()
+func (g *coordination) members(ctx context.Context) ([]string, map[string]string, error) {
+	ttl := g.cfg.PartitionLease.Milliseconds()
+	flat, err := membersScript.Run(ctx, g.rdb, []string{g.keys.Members(g.cfg.Group)}, g.cfg.Consumer, ttl).StringSlice()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -248,9 +265,9 @@ func (c *Consumer) assigned(members []string) []int {
 
 // lease takes or renews pt's lease and returns its value, or "" when
 // another consumer holds it.
-func (c *Consumer) lease(ctx context.Context, pt part) (string, error) {
-	v, err := leaseScript.Run(ctx, c.rdb, []string{pt.keys.Lease(c.cfg.Group), pt.keys.LeaseEpoch(c.cfg.Group)},
-		c.holder(), c.cfg.PartitionLease.Milliseconds()).Text()
+func (g *coordination) lease(ctx context.Context, pt part) (string, error) {
+	v, err := leaseScript.Run(ctx, g.rdb, []string{pt.keys.Lease(g.cfg.Group), pt.keys.LeaseEpoch(g.cfg.Group)},
+		g.holder(), g.cfg.PartitionLease.Milliseconds()).Text()
 	if err == redis.Nil {
 		return "", nil
 	}
@@ -260,12 +277,47 @@ func (c *Consumer) lease(ctx context.Context, pt part) (string, error) {
 	return v, nil
 }
 
+// holds reports why pt's lease does not hold fence (an error wrapping
+// ErrFenced: a newer owner took the partition), or nil.
+func (g *coordination) holds(ctx context.Context, pt part, fence string) error {
+	v, err := g.rdb.Get(ctx, pt.keys.Lease(g.cfg.Group)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("check the partition lease before opening the partition: %w", err)
+	}
+	if v != fence {
+		return fmt.Errorf("%w: partition %d's lease holds %q, not %q", ErrFenced, pt.n, v, fence)
+	}
+	return nil
+}
+
+// release gives pt's lease back if it still holds fence.
+func (g *coordination) release(ctx context.Context, pt part, fence string) error {
+	return releaseScript.Run(ctx, g.rdb, []string{pt.keys.Lease(g.cfg.Group)}, fence).Err()
+}
+
+// deadLetter adds fields (a message's, and dlq_* fields that say why) to
+// pt's dead-letter stream and counts it in pt's stats, in one transaction.
+// (A message of Redis Streams is moved with its XACK instead: streams.go.)
+func (g *coordination) deadLetter(ctx context.Context, pt part, fields []any) error {
+	_, err := g.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAdd(ctx, &redis.XAddArgs{Stream: pt.keys.DeadLetters(), Values: fields})
+		p.HIncrBy(ctx, pt.keys.Stats(), "dead_lettered", 1)
+		return nil
+	})
+	return err
+}
+
+// leave ends this consumer's membership of the group.
+func (g *coordination) leave(ctx context.Context) error {
+	return g.rdb.ZRem(ctx, g.keys.Members(g.cfg.Group), g.cfg.Consumer).Err()
+}
+
 // heartbeat renews this consumer's membership every presenceEvery, on its
 // own goroutine: the others take a member whose membership stops moving for
 // stallAfter for a stalled process (presence.go), so it must not wait for
 // the full pass, which can take longer (a worker finishing its batch before
 // it hands a partition over). Its errors are the full pass's to report.
-func (c *Consumer) heartbeat(ctx context.Context) {
+func (g *coordination) heartbeat(ctx context.Context) {
 	t := time.NewTicker(presenceEvery)
 	defer t.Stop()
 	for {
@@ -274,6 +326,6 @@ func (c *Consumer) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, _, _ = c.members(ctx)
+		_, _, _ = g.members(ctx)
 	}
 }

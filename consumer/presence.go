@@ -58,7 +58,7 @@ const presencePrefix = "p-"
 func presenceName(token string) string { return "outbox-consumer-" + token }
 
 type presence struct {
-	c      *Consumer
+	g      *coordination
 	conn   *redis.Conn          // the named connection; nil until opened
 	node   *redis.Client        // where the members key lives: the connection and CLIENT LIST go there
 	absent map[string]time.Time // members found missing, since when
@@ -85,10 +85,10 @@ func presenceCapable(rdb redis.Cmdable) bool {
 
 // open (re)opens the named connection if it is not open and working.
 func (p *presence) open(ctx context.Context) error {
-	if !strings.HasPrefix(p.c.token, presencePrefix) {
+	if !strings.HasPrefix(p.g.token, presencePrefix) {
 		return nil
 	}
-	client, err := p.c.membersNode(ctx)
+	client, err := p.g.membersNode(ctx)
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func (p *presence) open(ctx context.Context) error {
 		p.conn, p.node = nil, nil
 	}
 	conn := client.EphemeralConn()
-	if err := conn.ClientSetName(ctx, presenceName(p.c.token)).Err(); err != nil {
+	if err := conn.ClientSetName(ctx, presenceName(p.g.token)).Err(); err != nil {
 		_ = conn.Close()
 		return err
 	}
@@ -114,12 +114,12 @@ func (p *presence) open(ctx context.Context) error {
 
 // membersNode is the client of the Redis node of the group's members key
 // (rdb must be presence-capable).
-func (c *Consumer) membersNode(ctx context.Context) (*redis.Client, error) {
-	switch rdb := c.rdb.(type) {
+func (g *coordination) membersNode(ctx context.Context) (*redis.Client, error) {
+	switch rdb := g.rdb.(type) {
 	case *redis.Client:
 		return rdb, nil
 	case *redis.ClusterClient:
-		return rdb.MasterForKey(ctx, c.keys.Members(c.cfg.Group))
+		return rdb.MasterForKey(ctx, g.keys.Members(g.cfg.Group))
 	}
 	return nil, errors.New("no presence with this Redis client")
 }
@@ -146,11 +146,11 @@ func connectedNames(ctx context.Context, node redis.Cmdable) (map[string]bool, e
 // so) and that connection was missing at two looks presenceEvery apart. A
 // consumer restarted under its name then takes the name at once instead of
 // waiting for the dead one's lease to run out.
-func (c *Consumer) holderGone(ctx context.Context, token string) bool {
-	if !strings.HasPrefix(token, presencePrefix) || !presenceCapable(c.rdb) {
+func (g *coordination) holderGone(ctx context.Context, token string) bool {
+	if !strings.HasPrefix(token, presencePrefix) || !presenceCapable(g.rdb) {
 		return false
 	}
-	node, err := c.membersNode(ctx)
+	node, err := g.membersNode(ctx)
 	if err != nil {
 		return false
 	}
@@ -196,19 +196,19 @@ func (p *presence) look(ctx context.Context, members []string, scores map[string
 	if err != nil {
 		if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "ERR unknown command") {
 			p.denied = true
-			p.c.log.Warn("CLIENT LIST is refused: a dead consumer's partitions move only when its leases run out",
-				slog.Any("error", err), slog.Duration("partition_lease", p.c.cfg.PartitionLease))
+			p.g.log.Warn("CLIENT LIST is refused: a dead consumer's partitions move only when its leases run out",
+				slog.Any("error", err), slog.Duration("partition_lease", p.g.cfg.PartitionLease))
 		}
 		return false
 	}
 	buried := false
 	seen := map[string]bool{}
 	for _, m := range members {
-		if m == p.c.cfg.Consumer {
+		if m == p.g.cfg.Consumer {
 			continue
 		}
 		seen[m] = true
-		token, err := p.c.rdb.Get(ctx, p.c.keys.Consumer(p.c.cfg.Group, m)).Result()
+		token, err := p.g.rdb.Get(ctx, p.g.keys.Consumer(p.g.cfg.Group, m)).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			// No name lease: it stopped (or its lease ran out). Its
@@ -251,7 +251,7 @@ func (p *presence) look(ctx context.Context, members []string, scores map[string
 // empty token (a stalled member whose name lease ran out) matches the
 // leases held under m's name by any process.
 func (p *presence) bury(ctx context.Context, m, token, why string) bool {
-	c := p.c
+	c := p.g
 	holder := m + "|" + token
 	freed := 0
 	for _, pt := range c.parts {
@@ -297,7 +297,7 @@ func (p *presence) lookStalled(ctx context.Context, members []string, scores map
 	now := time.Now()
 	buried := false
 	for _, m := range members {
-		if m == p.c.cfg.Consumer {
+		if m == p.g.cfg.Consumer {
 			continue
 		}
 		b, ok := p.beats[m]
@@ -323,7 +323,7 @@ func (p *presence) lookStalled(ctx context.Context, members []string, scores map
 		// Its name lease may have run out during the stall (it lasts
 		// 3 × Block + 1 s): then its partition leases are known by its name
 		// alone.
-		token, err := p.c.rdb.Get(ctx, p.c.keys.Consumer(p.c.cfg.Group, m)).Result()
+		token, err := p.g.rdb.Get(ctx, p.g.keys.Consumer(p.g.cfg.Group, m)).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			continue
 		}

@@ -134,10 +134,8 @@ func closeReader(rd source.Reader) {
 // the lease still holds f.fence.
 func (c *Consumer) open(ctx context.Context, f feed) (source.Reader, error) {
 	pt := f.part
-	if v, err := c.rdb.Get(ctx, pt.keys.Lease(c.cfg.Group)).Result(); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("check the partition lease before opening the partition: %w", err)
-	} else if v != f.fence {
-		return nil, fmt.Errorf("%w: partition %d's lease holds %q, not %q", ErrFenced, pt.n, v, f.fence)
+	if err := c.group.holds(ctx, pt, f.fence); err != nil {
+		return nil, err
 	}
 	epoch, err := leaseEpoch(f.fence)
 	if err != nil {
@@ -310,12 +308,7 @@ func (c *Consumer) deadLetter(ctx context.Context, f feed, bad invalidEntry, m s
 	}
 	fields = append(fields, "dlq_stream", m.Subject(), "dlq_group", c.cfg.Group, "dlq_entry_id", bad.id,
 		"dlq_reason", bad.err.Error(), "dlq_deliveries", m.Deliveries(), "dlq_consumer", c.cfg.Consumer, "dlq_broker", c.src.System())
-	_, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAdd(ctx, &redis.XAddArgs{Stream: f.keys.DeadLetters(), Values: fields})
-		p.HIncrBy(ctx, f.keys.Stats(), "dead_lettered", 1)
-		return nil
-	})
-	if err != nil {
+	if err := c.group.deadLetter(ctx, f.part, fields); err != nil {
 		return false, err
 	}
 	if err := m.Term(); err != nil {

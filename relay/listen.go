@@ -222,8 +222,8 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	l.attempted()
 	*established = true
 	// A partition owner renews now: its slots carry the new pid.
-	if l := r.own.leases; l != nil {
-		l.listening()
+	if keeper := r.own.leases; keeper != nil {
+		keeper.listening()
 	}
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
