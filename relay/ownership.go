@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox/internal/queries"
-	"github.com/tedbank/outbox/internal/retry"
 )
 
 // ownership is how a relay comes to own the rows it publishes: it claims
@@ -17,9 +16,9 @@ import (
 // leases slots of partition keys and reads their rows (partitionLeases,
 // partitions.go: OwnPartitions). It is chosen once: in New when the Config
 // names one, else (OwnAuto) when Run starts, by the relays already running
-// (resolveOwnership). Each claimed batch carries what fences its marks
-// (fence); partition leases have duties of their own beside the drain
-// (leaseKeeper), which row claims do not.
+// (resolveOwnership, partitions.go). Each claimed batch carries what fences
+// its marks (fence); partition leases have duties of their own beside the
+// drain (leaseKeeper), which row claims do not.
 type ownership interface {
 	// lockModes are the advisory lock this ownership holds on the LISTEN
 	// connection and the other ownership's (exclusive.go).
@@ -105,40 +104,6 @@ func (r *Relay) chooseOwnership(name string) {
 func (r *Relay) forgetOwnership() {
 	if r.cfg.Ownership == OwnAuto {
 		r.chooseOwnership(OwnAuto)
-	}
-}
-
-// resolveOwnership chooses, for a relay of OwnAuto, the ownership of the
-// relays running on the database, and with none running, row claims while a
-// row claimer may still be running unseen (its LISTEN connection down: a
-// PostgreSQL restart), partition leases otherwise
-// (relay_ownership_auto.sql). It runs before the relay does anything else,
-// and waits for a database that does not answer yet: it fails only when ctx
-// ends. An auto relay that chooses at the very moment a relay of the other
-// ownership starts is caught as before: the check after the LISTEN
-// connection stops one of them with ErrMixedOwnership, and the next Run
-// chooses again (a Run right after one that claimed rows may still see its
-// own LISTEN backend's lock, and be refused once more).
-func (r *Relay) resolveOwnership(ctx context.Context) error {
-	if r.own.ownership != nil {
-		return nil
-	}
-	st := queries.RelayOwnershipAuto(r.cfg.Lease.Milliseconds())
-	for failures := 1; ; failures++ {
-		var name, reason string
-		err := r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(&name, &reason)
-		if err == nil {
-			r.chooseOwnership(name)
-			r.log.Info("ownership chosen (auto)", slog.String("ownership", name), slog.String("by", reason))
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		d := retry.Backoff(failures, 100*time.Millisecond, min(listenBackoffMax, max(r.cfg.PollInterval, time.Second)))
-		r.log.Warn("cannot choose the ownership (auto) until the database answers; retrying",
-			slog.Any("error", err), slog.Int("attempt", failures), slog.Duration("retry_in", d))
-		retry.Sleep(ctx, d)
 	}
 }
 
