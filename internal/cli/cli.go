@@ -11,8 +11,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -105,8 +107,51 @@ func (e *env) main(ctx context.Context, args []string) int {
 			return exitFailure
 		}
 	}
+	if near := nearestCommand(args[0]); near != "" {
+		fmt.Fprintf(stderr, "outbox: unknown command %q; did you mean %q? (see 'outbox help')\n", args[0], near)
+		return exitUsage
+	}
 	fmt.Fprintf(stderr, "outbox: unknown command %q (see 'outbox help')\n", args[0])
 	return exitUsage
+}
+
+// nearestCommand is the command name within two edits of name (a typo),
+// or "" when none is or two are equally near.
+func nearestCommand(name string) string {
+	best, bestD, tie := "", 3, false
+	for _, c := range commands() {
+		switch d := editDistance(name, c.name); {
+		case d < bestD:
+			best, bestD, tie = c.name, d, false
+		case d == bestD:
+			tie = true
+		}
+	}
+	if tie {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 func (e *env) usage(w io.Writer) {
@@ -188,12 +233,49 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if err != nil {
-		return usageError{err.Error()}
+		return usageError{explainFlagError(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
 	return nil
+}
+
+// badFlagValue is the flag package's error for a value that does not parse.
+var badFlagValue = regexp.MustCompile(`^invalid value "(.*)" for flag -([^:]+): (parse error|value out of range)$`)
+
+// explainFlagError says what a flag of the kind fs has wants, where the
+// flag package says only "parse error".
+func explainFlagError(fs *flag.FlagSet, err error) string {
+	m := badFlagValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err.Error()
+	}
+	value, name := m[1], m[2]
+	f := fs.Lookup(name)
+	if f == nil {
+		return err.Error()
+	}
+	var want string
+	switch f.Value.(flag.Getter).Get().(type) {
+	case time.Duration:
+		want = "a duration with its unit, e.g. 5s, 500ms or 2m"
+		if _, perr := strconv.ParseFloat(value, 64); perr == nil {
+			want = "a duration needs its unit: " + value + "s, " + value + "ms, ..."
+		}
+	case int, int64, uint, uint64:
+		want = "a whole number"
+	case float64:
+		want = "a number"
+	case bool:
+		want = "true or false"
+	default:
+		return err.Error()
+	}
+	if m[3] == "value out of range" {
+		want = "a number in range"
+	}
+	return fmt.Sprintf("invalid value %q for --%s: %s", value, name, want)
 }
 
 func (c *common) logger(w io.Writer) (*slog.Logger, error) {

@@ -52,6 +52,31 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 	}
 }
 
+// A typo of a command names the command meant; a flag value that does not
+// parse says what the flag wants (the flag package says "parse error").
+func TestUsageErrorsSayWhatTheyWant(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rely"}, `unknown command "rely"; did you mean "relay"?`},
+		{[]string{"stauts"}, `did you mean "status"?`},
+		{[]string{"relay", "--lease", "5"}, `invalid value "5" for --lease: a duration needs its unit: 5s, 5ms`},
+		{[]string{"relay", "--poll", "soon"}, `for --poll: a duration with its unit, e.g. 5s`},
+		{[]string{"relay", "--batch", "x"}, `invalid value "x" for --batch: a whole number`},
+		{[]string{"settle", "--count", "99999999999999999999"}, `for --count: a number in range`},
+	} {
+		code, stdout, stderr := run(t, nil, c.args...)
+		if code != exitUsage || stdout != "" || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "parse error") {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", c.args, code, stderr, c.want)
+		}
+	}
+	if code, _, stderr := run(t, nil, "xyz"); code != exitUsage || strings.Contains(stderr, "did you mean") {
+		t.Errorf("xyz: exit %d %q: no command is near it", code, stderr)
+	}
+}
+
 // OUTBOX_MIN_REPLICAS is --min-replicas' default; a bad value is a usage
 // error naming it.
 func TestMinReplicasFromTheEnvironment(t *testing.T) {
