@@ -1,0 +1,92 @@
+package fraud
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/internal/consumertest"
+	"github.com/tedbank/outbox/internal/outboxtest"
+)
+
+// lockedBuffer is a log destination for concurrent writers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A review is counted (outbox_fraud_events_processed_total{verdict="review"})
+// and logged at DEBUG only: at INFO a burst of reviews no longer floods the
+// log (issue 40: 5,589 of 5,593 lines of one run).
+func TestReviewIsCountedAndLoggedAtDebug(t *testing.T) {
+	t.Parallel()
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		rdb := outboxtest.NewRedis(t)
+		ctx := context.Background()
+		var logs lockedBuffer
+		reg := prometheus.NewRegistry()
+		metrics := NewMetrics(reg)
+		stream := rdb.Prefix + "outbox.event.transfer"
+		c, err := New(rdb.Client, Config{Config: consumer.Config{Stream: stream, KeyPrefix: rdb.Prefix + "fraud:", Consumer: "c1",
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: level})), Metrics: metrics},
+			AmountLimitCents: 50_000, WindowLimitCents: 100_000, Window: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EnsureGroup(ctx); err != nil {
+			t.Fatal(err)
+		}
+		publish(t, rdb, stream, "bia", 60_000, time.Now().UTC()) // above the amount limit
+		if _, err := consumertest.ReadNew(ctx, c.Consumer); err != nil {
+			t.Fatal(err)
+		}
+		if got := counted(t, reg, "outbox_fraud_events_processed_total", "verdict", "review"); got != 1 {
+			t.Errorf("level %s: %v reviews counted, want 1", level, got)
+		}
+		logged := strings.Contains(logs.String(), "transfer sent to review")
+		if logged != (level == slog.LevelDebug) {
+			t.Errorf("level %s: review logged %v, want it only at DEBUG; log:\n%s", level, logged, logs.String())
+		}
+	}
+}
+
+// counted is the value of counter name with label = value in reg.
+func counted(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
