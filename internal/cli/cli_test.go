@@ -148,6 +148,11 @@ func TestMissingSchemaSaysRunMigrate(t *testing.T) {
 	if code != exitFailure || !strings.Contains(stderr, "outbox migrate") {
 		t.Fatalf("relay without schema: exit %d, %q", code, stderr)
 	}
+	// status says what is so: the server answered, the tables are missing.
+	code, stdout, _ := run(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": rdb.URL}, "status", "--stream", rdb.Prefix+"s")
+	if code != exitFailure || !strings.Contains(stdout, "PostgreSQL not migrated: ") || strings.Contains(stdout, "unreachable") {
+		t.Fatalf("status without schema: exit %d, %q; want it not migrated, not unreachable", code, stdout)
+	}
 }
 
 func TestSettleAndStatusJSON(t *testing.T) {

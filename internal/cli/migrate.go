@@ -66,7 +66,10 @@ func requireSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("check schema: %w", err)
 	}
 	if !ok {
-		return errors.New("tables outbox_messages/transfers not found: run 'outbox migrate' first")
+		return errNotMigrated
 	}
 	return nil
 }
+
+// errNotMigrated: the database answers but has not the outbox's tables.
+var errNotMigrated = errors.New("tables outbox_messages/transfers not found: run 'outbox migrate' first")

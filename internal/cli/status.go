@@ -63,6 +63,8 @@ type Status struct {
 	PostgresError string `json:"postgres_error,omitempty"`
 	RedisError    string `json:"redis_error,omitempty"`
 	NATSError     string `json:"nats_error,omitempty"`
+	// pgNotMigrated: PostgreSQL answered, without the outbox's tables.
+	pgNotMigrated bool
 }
 
 // PartitionStatus is one partition's stream and group, and which consumer
@@ -141,6 +143,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	}
 	if pgErr != nil {
 		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
+		st.pgNotMigrated = errors.Is(pgErr, errNotMigrated)
 	}
 	if redisErr != nil {
 		st.RedisError = connect.RedactSecrets(oneLine(redisErr))
@@ -159,9 +162,12 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 }
 
 func printStatus(w io.Writer, st Status) {
-	if st.PostgresError != "" {
+	switch {
+	case st.pgNotMigrated:
+		fmt.Fprintf(w, "outbox   PostgreSQL not migrated: %s\n", st.PostgresError)
+	case st.PostgresError != "":
 		fmt.Fprintf(w, "outbox   PostgreSQL unreachable: %s\n", st.PostgresError)
-	} else {
+	default:
 		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %d  dead %d  oldest pending %.1fs  relays listening %d\n",
 			st.Pending, st.Publishing, st.Published, st.Dead, st.OldestPendingSeconds, st.ListeningRelays)
 		if len(st.RelaySlots) > 0 {
