@@ -273,7 +273,8 @@ func TestFraudDLQCommands(t *testing.T) {
 	letter := map[string]any{
 		"event_id": eventID, "event_type": "transfer.settled", "aggregate_id": "t-1", "payload": "not json",
 		"dlq_stream": stream, "dlq_group": "fraud", "dlq_entry_id": "1700000000000-0",
-		"dlq_reason": "invalid event: payload: invalid character", "dlq_deliveries": "5", "dlq_consumer": "c1",
+		"dlq_reason": `invalid event: payload {"total_cents": 990, "items": [` + strings.Repeat(`{"sku": "x"}, `, 20) + `]}: ` +
+			"invalid character 'n' looking for beginning of value", "dlq_deliveries": "5", "dlq_consumer": "c1",
 	}
 	id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: prefix + "dlq", Values: letter}).Result()
 	if err != nil {
@@ -299,8 +300,9 @@ func TestFraudDLQCommands(t *testing.T) {
 		t.Fatalf("dead letter %v", l)
 	}
 	code, stdout, _ = run(t, env, "fraud", "dlq", "list", "--key-prefix", prefix)
-	if code != exitOK || !strings.Contains(stdout, id) || !strings.Contains(stdout, eventID) || !strings.Contains(stdout, "1 dead letter") {
-		t.Fatalf("fraud dlq list: exit %d\n%s", code, stdout)
+	if code != exitOK || !strings.Contains(stdout, id) || !strings.Contains(stdout, eventID) || !strings.Contains(stdout, "1 dead letter") ||
+		!strings.Contains(stdout, "invalid event: payload {") || !strings.Contains(stdout, "looking for beginning of value") {
+		t.Fatalf("fraud dlq list: exit %d\n%s\nwant the reason's start and its cause, at its end", code, stdout)
 	}
 
 	// An unknown id fails the command after the others are retried.

@@ -65,7 +65,7 @@ func runDeadList(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(tw, "EVENT ID\tAGGREGATE\tEVENT TYPE\tATTEMPTS\tCREATED\tLAST ERROR")
 	for _, d := range events {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", d.EventID, cell(d.AggregateType+"/"+d.AggregateID, 40),
-			cell(d.EventType, 30), d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339), cell(d.LastError, 80))
+			cell(d.EventType, 30), d.Attempts, d.CreatedAt.UTC().Format(time.RFC3339), cellEnds(d.LastError, 120))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -98,7 +98,7 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(tw, "ID\tEVENT ID\tEVENT TYPE\tSOURCE\tDELIVERIES\tREASON")
 	for _, d := range letters {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", d.ID, orDash(cell(d.EventID, 40)), orDash(cell(d.EventType, 30)),
-			orDash(cell(d.Stream+" "+d.EntryID, 60)), d.Deliveries, cell(d.Reason, 80))
+			orDash(cell(d.Stream+" "+d.EntryID, 60)), d.Deliveries, cellEnds(d.Reason, 120))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -22,6 +22,18 @@ func cell(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
+// cellEnds is cell for a message whose cause comes last (an error's
+// reason): a long one keeps its start and its end, the middle cut.
+func cellEnds(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	head := (n - 1) / 2
+	return string(r[:head]) + "…" + string(r[len(r)-(n-1-head):])
+}
+
 func orDash(s string) string {
 	if strings.TrimSpace(s) == "" {
 		return "-"
