@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -120,25 +121,15 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 		wg                      sync.WaitGroup
 	)
 	start := time.Now()
+	stopProgress := func() {}
 	if isTerminal(e.stderr) {
 		// A long run on a terminal shows where it is, on stderr only
 		// (stdout stays the summary, plain or --json).
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			t := time.NewTicker(time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					fmt.Fprint(e.stderr, "\r\033[K")
-					return
-				case <-t.C:
-					fmt.Fprint(e.stderr, "\r\033[K"+progressLine(settled.Load()+failed.Load(), int64(*count), time.Since(start)))
-				}
-			}
-		}()
+		stopProgress = startProgress(e.stderr, time.Second, func() string {
+			return progressLine(settled.Load()+failed.Load(), int64(*count), time.Since(start))
+		})
 	}
+	defer stopProgress()
 	for range *concurrency {
 		wg.Go(func() {
 			var mine []time.Duration
@@ -168,6 +159,10 @@ func runSettle(ctx context.Context, e *env, args []string) error {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	// The progress line is cleared before the summary is printed: on a
+	// terminal both land on one screen, and the summary went after the
+	// last progress line, on the same line.
+	stopProgress()
 
 	slices.Sort(lat)
 	sum := SettleSummary{
@@ -227,4 +222,33 @@ func settlePlain(ctx context.Context, pool *pgxpool.Pool, t transfer.Transfer) e
 		return fmt.Errorf("settle %s with plain SQL: %w", t.ID, err)
 	}
 	return nil
+}
+
+// startProgress writes line() to w every interval, each over the last
+// (a carriage return and an erase to the end of the line), until the
+// returned function is called: it erases the line and returns once
+// nothing more is written. Calling it again does nothing.
+func startProgress(w io.Writer, every time.Duration, line func() string) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				fmt.Fprint(w, "\r\033[K")
+				return
+			case <-t.C:
+				fmt.Fprint(w, "\r\033[K"+line())
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			<-done
+		})
+	}
 }
