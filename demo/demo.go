@@ -1,8 +1,9 @@
 // Package demo walks through the outbox end to end against real servers, the
 // way `make demo` shows it:
 //
-//  1. TEDs settled one by one, each with its timeline (committed, notified,
-//     claimed, published, judged by anti-fraud); one trips the velocity rule.
+//  1. TEDs settled one by one, each with its timeline (settled, notified,
+//     claimed, published, judged by anti-fraud, in the order they happened);
+//     one trips the velocity rule.
 //  2. A relay killed right after claiming (a real process, SIGKILLed at a
 //     fail point): the reaper returns its rows after the lease and another
 //     relay publishes them; anti-fraud applies each once.

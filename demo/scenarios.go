@@ -64,15 +64,7 @@ func (d *demo) oneByOne(ctx context.Context) error {
 	return nil
 }
 
-func (d *demo) timeline(t timeline) string {
-	ms := func(at time.Time) string { return fmt.Sprintf("%.2f", float64(at.Sub(t.start).Microseconds())/1000) }
-	notified := "—"
-	if !t.at[stepNotified].IsZero() {
-		notified = ms(t.at[stepNotified])
-	}
-	return d.paint(fmt.Sprintf("committed %s → notified %s → claimed %s → published %s → judged %s ms",
-		ms(t.at[stepCommitted]), notified, ms(t.at[stepClaimed]), ms(t.at[stepPublished]), ms(t.at[stepVerdict])), dim)
-}
+func (d *demo) timeline(t timeline) string { return d.paint(t.String(), dim) }
 
 func (d *demo) verdictText(v string) string {
 	if v == "review" {

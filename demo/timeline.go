@@ -1,6 +1,9 @@
 package demo
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +30,28 @@ type timeline struct {
 }
 
 func (t timeline) done() bool { return !t.at[stepVerdict].IsZero() }
+
+// stepNames are the steps as a timeline prints them. The transaction
+// commits before Settle returns ("settled"): its NOTIFY, and even the
+// relay's claim, can come before the reply reaches the caller.
+var stepNames = [numSteps]string{"settled", "notified", "claimed", "published", "judged"}
+
+// String is the steps seen, in the order they happened, each in ms since
+// Settle was called: "notified 1.99 → settled 2.36 → claimed 2.61 → ...".
+func (t timeline) String() string {
+	order := make([]step, 0, numSteps)
+	for s := range numSteps {
+		if !t.at[s].IsZero() {
+			order = append(order, s)
+		}
+	}
+	slices.SortStableFunc(order, func(a, b step) int { return t.at[a].Compare(t.at[b]) })
+	parts := make([]string, len(order))
+	for i, s := range order {
+		parts[i] = fmt.Sprintf("%s %.2f", stepNames[s], float64(t.at[s].Sub(t.start).Microseconds())/1000)
+	}
+	return strings.Join(parts, " → ") + " ms"
+}
 
 // timelines records timelines by event id. Relay and consumer hooks call it
 // from their own goroutines.
