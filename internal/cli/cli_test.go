@@ -33,6 +33,8 @@ func TestBadCommandLinesExitTwoWithOneLine(t *testing.T) {
 		{"relay", "--lease", "0s"},
 		{"relay", "--lease", "1s", "--publish-timeout", "2s"},
 		{"relay", "--poll", "soon"},
+		{"relay", "--backoff-base", "0s"},
+		{"relay", "--backoff-base", "10s", "--backoff-max", "1s"},
 		{"relay", "--stream-prefix", "a b"},
 		{"fraud", "--max-deliveries", "0"},
 		{"relay", "--min-replicas", "-1"},
@@ -67,6 +69,7 @@ func TestUsageErrorsSayWhatTheyWant(t *testing.T) {
 		{[]string{"relay", "--poll", "soon"}, `for --poll: a duration with its unit, e.g. 5s`},
 		{[]string{"relay", "--batch", "x"}, `invalid value "x" for --batch: a whole number`},
 		{[]string{"settle", "--count", "99999999999999999999"}, `for --count: a number in range`},
+		{[]string{"relay", "--backoff-base", "10s", "--backoff-max", "1s"}, `--backoff-base 10s, --backoff-max 1s: the base must be positive and not above the max`},
 	} {
 		code, stdout, stderr := run(t, nil, c.args...)
 		if code != exitUsage || stdout != "" || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "parse error") {

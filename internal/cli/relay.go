@@ -36,6 +36,8 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.BusyRows, "busy-rows", relay.DefaultBusyRows, "tell writers to stop notifying while draining once claims find this many rows within 20 ms (or one claim after the first of a drain does, or a full batch)")
 	fs.DurationVar(&cfg.PublishTimeout, "publish-timeout", 0, "timeout of one pipelined publish (default min(5s, lease/2))")
 	fs.IntVar(&cfg.MaxAttempts, "max-attempts", relay.DefaultMaxAttempts, "failed attempts after which an event is dead")
+	fs.DurationVar(&cfg.BackoffBase, "backoff-base", relay.DefaultBackoffBase, "an event whose publish failed is retried after about this, then twice as long after each failure, up to --backoff-max (with jitter: half to all of it); with --max-attempts this is how long an event that keeps failing takes to go dead: 4-9 minutes with the defaults")
+	fs.DurationVar(&cfg.BackoffMax, "backoff-max", relay.DefaultBackoffMax, "the longest wait before an event's next attempt (see --backoff-base)")
 	fs.DurationVar(&cfg.Redelivery, "redelivery-window", 0, "how long after an event may first have reached the broker (unmarked) it may be published again; after it the event goes dead. 0: max-attempts × (lease + reap + publish timeout + backoff max), 58m by default. The consumers' --relay-redelivery must be at least this")
 	fs.StringVar(&cfg.StreamPrefix, "stream-prefix", relay.DefaultStreamPrefix, "stream key prefix; the key is <prefix><aggregate_type>")
 	fs.StringVar(&cfg.Stream, "stream", "", "publish every event to this one stream instead")
@@ -76,6 +78,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	}
 	if cfg.BatchSize <= 0 || cfg.BatchBytes <= 0 || cfg.Lease <= 0 || cfg.PollInterval <= 0 || cfg.MaxAttempts <= 0 || cfg.BusyRows <= 0 || cfg.PublishTimeout < 0 || *busyPace < 0 {
 		return usagef("--batch, --batch-bytes, --lease, --poll, --max-attempts and --busy-rows must be positive, --publish-timeout and --busy-pace not negative")
+	}
+	if cfg.BackoffBase <= 0 || cfg.BackoffMax < cfg.BackoffBase {
+		return usagef("--backoff-base %s, --backoff-max %s: the base must be positive and not above the max", cfg.BackoffBase, cfg.BackoffMax)
 	}
 	if rc.MinReplicas, err = minReplicas(); err != nil {
 		return err
