@@ -387,3 +387,48 @@ func TestSettlePlainSQL(t *testing.T) {
 		t.Fatalf("%d events, %d keyed by their sender, %d with their own ids in the payload; want 20 each", n, keyed, valid)
 	}
 }
+
+// With DATABASE_URL and REDIS_URL, the demo leaves nothing behind: its
+// tables and rows go into a database of its own on that server, dropped at
+// the end, and its Redis keys under a prefix of its own are removed (issue
+// 40: it left its tables and 808 rows in the user's database).
+func TestDemoOnSomeoneElsesServersLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
+	url := outboxtest.PostgresURL(t)
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cmd := exec.Command(outboxtest.Binary(t), "demo", "--short")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "REDIS_URL="+rdb.URL, "NO_COLOR=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "checks passed, 0 failed") ||
+		!strings.Contains(string(out), "the demo's tables go into a database of its own there") {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT (SELECT count(*) FROM outbox_messages) + (SELECT count(*) FROM transfers)").Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("the user's database has %d outbox and transfer rows after the demo (%v), want 0", rows, err)
+	}
+	var leftover []string
+	r, err := pool.Query(ctx, "SELECT datname FROM pg_database WHERE datname LIKE 'outbox_demo%'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var name string
+		if err := r.Scan(&name); err != nil {
+			t.Fatal(err)
+		}
+		leftover = append(leftover, name)
+	}
+	if len(leftover) > 0 {
+		t.Errorf("databases %v left on the server after the demo", leftover)
+	}
+	if n, err := rdb.Keys(ctx, "demo-*").Result(); err != nil || len(n) > 0 {
+		t.Errorf("demo keys left in Redis: %v (%v)", n, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/demo"
@@ -74,9 +75,25 @@ func runDemo(ctx context.Context, e *env, args []string) error {
 			c.databaseURL, c.redisURL = pg.URL, rd.URL
 		}
 	} else {
-		// Someone else's servers: keep the demo's keys apart and remove them after.
+		// Someone else's servers: keep the demo's keys apart and remove them
+		// after, and its tables and rows in a database of its own on that
+		// server, dropped after.
 		run := uuid.NewString()[:8]
 		streamPrefix, keyPrefix, ledgerPrefix = "demo-"+run+":outbox.event.", "demo-"+run+":fraud:", "demo-"+run+":ledger:"
+		demoURL, drop, err := testenv.CreateDatabase(ctx, c.databaseURL, "outbox_demo")
+		if err != nil {
+			return fmt.Errorf("the demo runs in a database of its own on the server of --database-url (DATABASE_URL), "+
+				"dropped at the end, and could not create one (its role needs CREATEDB; or unset DATABASE_URL and REDIS_URL "+
+				"for throw-away servers): %w", err)
+		}
+		defer func() {
+			if err := drop(context.WithoutCancel(ctx)); err != nil {
+				log.Warn("could not drop the demo's database", "error", err)
+			}
+		}()
+		fmt.Fprintf(e.stdout, "Using the servers of DATABASE_URL/REDIS_URL: the demo's tables go into a database of its own there (%s), "+
+			"and its Redis keys under the prefix demo-%s:; both are removed when the demo ends.\n", databaseOf(demoURL), run)
+		c.databaseURL = demoURL
 	}
 
 	pool, err := connect.Postgres(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-demo", MaxConns: 8})
@@ -139,4 +156,13 @@ func isTerminal(w io.Writer) bool {
 	}
 	st, err := f.Stat()
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// databaseOf is the database a PostgreSQL URL names.
+func databaseOf(url string) string {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "?"
+	}
+	return cfg.Database
 }
