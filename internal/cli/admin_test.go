@@ -304,6 +304,13 @@ func TestFraudDLQCommands(t *testing.T) {
 		!strings.Contains(stdout, "invalid event: payload {") || !strings.Contains(stdout, "looking for beginning of value") {
 		t.Fatalf("fraud dlq list: exit %d\n%s\nwant the reason's start and its cause, at its end", code, stdout)
 	}
+	// The general name lists the same, and names itself in its errors.
+	if code, general, _ := run(t, env, "dlq", "list", "--key-prefix", prefix); code != exitOK || general != stdout {
+		t.Fatalf("dlq list: exit %d\n%s\nwant what fraud dlq list printed:\n%s", code, general, stdout)
+	}
+	if code, _, stderr := run(t, env, "dlq", "retry", "--key-prefix", prefix); code != exitUsage || !strings.Contains(stderr, "see 'outbox dlq list'") {
+		t.Fatalf("dlq retry without ids: exit %d %q", code, stderr)
+	}
 
 	// An unknown id fails the command after the others are retried.
 	code, stdout, stderr = run(t, env, "fraud", "dlq", "retry", "--key-prefix", prefix, id, "1-1")

@@ -51,6 +51,7 @@ func commands() []command {
 		{"migrate", "apply the schema migrations (idempotent, safe to run concurrently)", runMigrate},
 		{"relay", "publish committed outbox events to Redis Streams (or NATS JetStream: --broker nats)", runRelay},
 		{"fraud", "run the anti-fraud consumer; 'fraud report' prints its totals, 'fraud dlq list|retry' its dead letters", runFraud},
+		{"dlq", "a consumer group's dead letters: 'dlq list|retry' (--key-prefix names the consumers; anti-fraud's by default)", runDLQ},
 		{"ledger", "run the ledger example's consumer (double entries in its own PostgreSQL, exactly once); 'ledger balances' prints them", runLedger},
 		{"settle", "settle random TEDs (a load generator)", runSettle},
 		{"status", "show the outbox, the stream and the consumer group at a glance", runStatus},

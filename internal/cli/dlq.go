@@ -1,6 +1,7 @@
 package cli
 
-// 'outbox fraud dlq list|retry': anti-fraud's dead letters.
+// 'outbox dlq list|retry': a consumer group's dead letters, any consumer's
+// (--key-prefix); 'outbox fraud dlq list|retry' is the same, its first name.
 
 import (
 	"context"
@@ -22,9 +23,21 @@ import (
 const defaultDLQListCount = 100
 
 func runFraudDLQ(ctx context.Context, e *env, args []string) error {
-	return e.dispatch(ctx, "fraud dlq", []subcommand{
-		{"list", "list the anti-fraud consumer's dead letters (<key-prefix>dlq)", runFraudDLQList},
-		{"retry", "put dead letters back on their source stream", runFraudDLQRetry},
+	return runDLQAs(ctx, e, "fraud dlq", args)
+}
+
+func runDLQ(ctx context.Context, e *env, args []string) error { return runDLQAs(ctx, e, "dlq", args) }
+
+// runDLQAs runs the dead-letter commands under name ("dlq", or its first
+// name, "fraud dlq").
+func runDLQAs(ctx context.Context, e *env, name string, args []string) error {
+	return e.dispatch(ctx, name, []subcommand{
+		{"list", "list a consumer group's dead letters (<key-prefix>dlq; anti-fraud's by default)", func(ctx context.Context, e *env, args []string) error {
+			return runDLQList(ctx, e, name, args)
+		}},
+		{"retry", "put dead letters back on their source stream", func(ctx context.Context, e *env, args []string) error {
+			return runDLQRetry(ctx, e, name, args)
+		}},
 	}, args)
 }
 
@@ -40,10 +53,10 @@ func checkNames(keyPrefix, stream string) error {
 	return nil
 }
 
-func runFraudDLQList(ctx context.Context, e *env, args []string) error {
+func runDLQList(ctx context.Context, e *env, name string, args []string) error {
 	var c common
-	fs := e.flags("fraud dlq list", &c)
-	usageLine(fs, "outbox fraud dlq list [--json] [--key-prefix P] [--count N] [--partitions N]")
+	fs := e.flags(name+" list", &c)
+	usageLine(fs, "outbox "+name+" list [--json] [--key-prefix P] [--count N] [--partitions N]")
 	asJSON := fs.Bool("json", false, "print a JSON array, one object per dead letter")
 	prefix := keyPrefixFlag(fs)
 	count := fs.Int("count", defaultDLQListCount, "list at most this many dead letters, oldest first")
@@ -107,10 +120,10 @@ func runFraudDLQList(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
+func runDLQRetry(ctx context.Context, e *env, name string, args []string) error {
 	var c common
-	fs := e.flags("fraud dlq retry", &c)
-	usageLine(fs, "outbox fraud dlq retry <dlq-entry-id>... | --all")
+	fs := e.flags(name+" retry", &c)
+	usageLine(fs, "outbox "+name+" retry <dlq-entry-id>... | --all")
 	all := fs.Bool("all", false, "retry every dead letter")
 	prefix := keyPrefixFlag(fs)
 	stream := fs.String("stream", fraud.DefaultStream, "source stream of dead letters without a dlq_stream field")
@@ -131,7 +144,7 @@ func runFraudDLQRetry(ctx context.Context, e *env, args []string) error {
 	case *all && len(ids) > 0:
 		return usagef("give dead-letter ids or --all, not both")
 	case !*all && len(ids) == 0:
-		return usagef("give the dead-letter ids to retry (see 'outbox fraud dlq list'), or --all")
+		return usagef("give the dead-letter ids to retry (see 'outbox %s list'), or --all", name)
 	}
 	for _, id := range ids {
 		if !dlq.ValidEntryID(id) {

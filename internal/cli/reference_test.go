@@ -24,7 +24,7 @@ func flagReference(t *testing.T) string {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(refBegin + "\n")
-	cmds := [][]string{{"migrate"}, {"relay"}, {"fraud"}, {"fraud", "report"}, {"fraud", "dlq", "list"}, {"fraud", "dlq", "retry"},
+	cmds := [][]string{{"migrate"}, {"relay"}, {"fraud"}, {"fraud", "report"}, {"fraud", "dlq", "list"}, {"fraud", "dlq", "retry"}, {"dlq", "list"}, {"dlq", "retry"},
 		{"ledger"}, {"ledger", "balances"},
 		{"settle"}, {"status"}, {"dead", "list"}, {"dead", "retry"}, {"republish"}, {"cleanup"}, {"reconcile"}, {"demo"},
 		{"bench", "writers"}, {"bench", "latency"}, {"bench", "drain"}, {"bench", "consume"}, {"bench", "sustained"}, {"bench", "failover"}}
