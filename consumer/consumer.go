@@ -149,8 +149,10 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	if err := c.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	if err := c.src.Ping(ctx); err != nil {
-		return fmt.Errorf("%s: %w", c.src.System(), err)
+	if !c.readsStreams() { // Redis Streams' answered the ping above
+		if err := c.src.Ping(ctx); err != nil {
+			return fmt.Errorf("%s: %w", c.src.System(), err)
+		}
 	}
 	if r, ok := c.handler.(interface{ Ready(context.Context) error }); ok {
 		return r.Ready(ctx)

@@ -93,7 +93,6 @@ func (m *Metrics) observeBatch(d time.Duration) {
 // GroupCollector exports a consumer group's pending count and lag, read with
 // XINFO GROUPS at scrape time.
 type GroupCollector struct {
-	rdb              redis.Cmdable
 	src              source.Source // where the group's partitions are read: Redis Streams unless WithSource says otherwise
 	stream, group    string
 	partitions       int
@@ -123,7 +122,7 @@ func NewGroupCollector(rdb redis.Cmdable, name, stream, group string) *GroupColl
 	labels := prometheus.Labels{"stream": stream, "group": group}
 	prefix := "outbox_" + name + "_"
 	return &GroupCollector{
-		rdb: rdb, src: newStreams(rdb, Config{}, nil), stream: stream, group: group,
+		src: newStreams(rdb, Config{}, nil), stream: stream, group: group,
 		pending: prometheus.NewDesc(prefix+"group_pending", "Entries delivered to the group and not yet acknowledged.", nil, labels),
 		lag:     prometheus.NewDesc(prefix+"group_lag", "Entries in the stream not yet delivered to the group.", nil, labels),
 		up:      prometheus.NewDesc(prefix+"redis_up", "1 if the last scrape could read the consumer group from Redis.", nil, labels),

@@ -1,11 +1,9 @@
 package fraud
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,25 +12,8 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/internal/consumertest"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 )
-
-// lockedBuffer is a log destination for concurrent writers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A review is counted (outbox_fraud_events_processed_total{verdict="review"})
 // and logged at DEBUG only: at INFO a burst of reviews no longer floods the
@@ -42,7 +23,7 @@ func TestReviewIsCountedAndLoggedAtDebug(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
 		rdb := outboxtest.NewRedis(t)
 		ctx := context.Background()
-		var logs lockedBuffer
+		var logs relaytest.SyncBuffer
 		reg := prometheus.NewRegistry()
 		metrics := NewMetrics(reg)
 		stream := rdb.Prefix + "outbox.event.transfer"
@@ -62,9 +43,9 @@ func TestReviewIsCountedAndLoggedAtDebug(t *testing.T) {
 		if got := counted(t, reg, "outbox_fraud_events_processed_total", "verdict", "review"); got != 1 {
 			t.Errorf("level %s: %v reviews counted, want 1", level, got)
 		}
-		logged := strings.Contains(logs.String(), "transfer sent to review")
+		logged := strings.Contains(string(logs.Bytes()), "transfer sent to review")
 		if logged != (level == slog.LevelDebug) {
-			t.Errorf("level %s: review logged %v, want it only at DEBUG; log:\n%s", level, logged, logs.String())
+			t.Errorf("level %s: review logged %v, want it only at DEBUG; log:\n%s", level, logged, logs.Bytes())
 		}
 	}
 }

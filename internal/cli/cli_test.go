@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 )
 
 func run(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -328,35 +328,17 @@ func TestSettleProgressLine(t *testing.T) {
 
 	// Stopped, the progress line is erased before stop returns, and
 	// nothing follows: the summary printed next starts a clean line.
-	var w lockedWriter
+	var w relaytest.SyncBuffer
 	lines := make(chan struct{}, 100)
 	stop := startProgress(&w, time.Millisecond, func() string { lines <- struct{}{}; return "42/100 TEDs" })
 	<-lines
 	<-lines
 	stop()
-	got := w.String()
+	got := string(w.Bytes())
 	stop() // again: nothing
-	if !strings.HasSuffix(got, "42/100 TEDs\r\033[K") || w.String() != got {
-		t.Errorf("progress output %q then %q: want the last line erased at stop, nothing after", got, w.String())
+	if !strings.HasSuffix(got, "42/100 TEDs\r\033[K") || string(w.Bytes()) != got {
+		t.Errorf("progress output %q then %q: want the last line erased at stop, nothing after", got, w.Bytes())
 	}
-}
-
-// lockedWriter is a buffer for one writer goroutine and one reader.
-type lockedWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // settle --plain-sql writes its share of the TEDs as a plain SQL writer
