@@ -34,10 +34,16 @@ type DeadEvent struct {
 // ListDead returns up to limit dead events, oldest (lowest seq) first, and the
 // number of dead events in all.
 func ListDead(ctx context.Context, pool *pgxpool.Pool, limit int) (events []DeadEvent, total int64, err error) {
+	return ListDeadOf(ctx, pool, "", limit)
+}
+
+// ListDeadOf is ListDead for the events of one aggregate type (every type
+// when aggregateType is "").
+func ListDeadOf(ctx context.Context, pool *pgxpool.Pool, aggregateType string, limit int) (events []DeadEvent, total int64, err error) {
 	if limit <= 0 {
 		return nil, 0, fmt.Errorf("list dead events: limit %d must be positive", limit)
 	}
-	q := queries.AdminDeadList(int64(limit))
+	q := queries.AdminDeadList(aggregateType, int64(limit))
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list dead events: %w", err)

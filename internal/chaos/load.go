@@ -229,8 +229,9 @@ func (r *run) outboxCounts(ctx context.Context) (pending, publishing, published,
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var oldest float64
-	q := queries.Status()
-	err = r.mon.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &published, &dead, &oldest)
+	var retrying int
+	q := queries.Status("")
+	err = r.mon.QueryRow(ctx, q.SQL, q.Args...).Scan(&pending, &publishing, &published, &dead, &oldest, &retrying)
 	return
 }
 

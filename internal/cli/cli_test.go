@@ -16,6 +16,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/internal/status"
 )
 
 func run(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -171,15 +172,17 @@ func TestSettleAndStatusJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &sum); err != nil || sum.Settled != 50 || sum.Failed != 0 {
 		t.Fatalf("settle summary %s (err %v)", stdout, err)
 	}
+	// No relay runs: the 50 wait, and status says so with exit 1.
 	code, stdout, stderr = run(t, env, "status", "--json", "--stream", rdb.Prefix+"outbox.event.transfer")
-	if code != exitOK {
+	if code != exitFailure || !strings.Contains(stderr, "no live relay while 50 events wait") {
 		t.Fatalf("status: exit %d %s", code, stderr)
 	}
 	var st map[string]any
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"pending", "publishing", "published", "dead", "oldest_pending_seconds", "stream_length", "group_pending"} {
+	for _, k := range []string{"pending", "publishing", "published", "dead", "oldest_pending_seconds", "stream_length", "group_pending",
+		"healthy", "problems", "retrying", "live_relays", "relays", "relay_partitions", "retrying_events", "dead_events", "members", "live_members"} {
 		if _, ok := st[k]; !ok {
 			t.Errorf("status lacks %q: %s", k, stdout)
 		}
@@ -231,7 +234,7 @@ func TestStatusShowsTheReachableSideDuringAnOutage(t *testing.T) {
 
 	redisDown := map[string]string{"DATABASE_URL": url, "REDIS_URL": "redis://" + down + "/0"}
 	code, stdout, _ := run(t, redisDown, "status", "--json", "--stream", stream)
-	var st Status
+	var st status.Status
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != exitFailure || st.Pending != 3 || st.RedisError == "" || st.PostgresError != "" {
 		t.Errorf("Redis down: exit %d, %s (err %v); want exit 1, the 3 pending rows and redis_error", code, stdout, err)
 	}
@@ -242,7 +245,7 @@ func TestStatusShowsTheReachableSideDuringAnOutage(t *testing.T) {
 
 	pgDown := map[string]string{"DATABASE_URL": "postgres://postgres@" + down + "/x?connect_timeout=2", "REDIS_URL": rdb.URL}
 	code, stdout, _ = run(t, pgDown, "status", "--json", "--stream", stream)
-	st = Status{}
+	st = status.Status{}
 	if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != exitFailure || st.StreamLength != 1 || st.PostgresError == "" || st.RedisError != "" {
 		t.Errorf("PostgreSQL down: exit %d, %s (err %v); want exit 1, the stream's length 1 and postgres_error", code, stdout, err)
 	}

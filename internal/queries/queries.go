@@ -32,7 +32,7 @@ type Statement struct {
 var (
 	adminCleanup             = prepare("admin_cleanup", "before", "after_seq", "batch")
 	adminCleanupCutoff       = prepare("admin_cleanup_cutoff", "older_than_us")
-	adminDeadList            = prepare("admin_dead_list", "max_rows")
+	adminDeadList            = prepare("admin_dead_list", "aggregate_type", "max_rows")
 	adminDeadRetry           = prepare("admin_dead_retry", "ids")
 	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
 	adminRepublish           = prepare("admin_republish", "ids", "by", "reason")
@@ -74,9 +74,11 @@ var (
 	relaySleep               = prepare("relay_sleep")
 	relayWatch               = prepare("relay_watch", "stall_ms")
 	relayStalled             = prepare("relay_stalled", "pids", "stall_ms")
-	status                   = prepare("status")
+	status                   = prepare("status", "aggregate_type")
 	statusListeningRelays    = prepare("status_listening_relays")
-	statusRelaySlots         = prepare("status_relay_slots")
+	statusRelayPartitions    = prepare("status_relay_partitions")
+	statusRelays             = prepare("status_relays")
+	statusRetrying           = prepare("status_retrying", "aggregate_type", "max_rows")
 	settlePlain              = prepare("settle_plain", "id", "from_account", "to_account", "amount_cents", "event_id")
 	transferGet              = prepare("transfer_get", "id")
 	transferInsert           = prepare("transfer_insert", "id", "from_account", "to_account", "amount_cents", "currency")
@@ -93,8 +95,8 @@ func AdminCleanupCutoff(olderThanUS int64) Statement {
 }
 
 // AdminDeadList is queries/admin_dead_list.sql.
-func AdminDeadList(maxRows int64) Statement {
-	return adminDeadList.with(maxRows)
+func AdminDeadList(aggregateType string, maxRows int64) Statement {
+	return adminDeadList.with(aggregateType, maxRows)
 }
 
 // AdminRepublish is queries/admin_republish.sql.
@@ -303,8 +305,8 @@ func RelaySleep() Statement {
 }
 
 // Status is queries/status.sql.
-func Status() Statement {
-	return status.with()
+func Status(aggregateType string) Statement {
+	return status.with(aggregateType)
 }
 
 // StatusListeningRelays is queries/status_listening_relays.sql.
@@ -312,9 +314,19 @@ func StatusListeningRelays() Statement {
 	return statusListeningRelays.with()
 }
 
-// StatusRelaySlots is queries/status_relay_slots.sql.
-func StatusRelaySlots() Statement {
-	return statusRelaySlots.with()
+// StatusRelayPartitions is queries/status_relay_partitions.sql.
+func StatusRelayPartitions() Statement {
+	return statusRelayPartitions.with()
+}
+
+// StatusRelays is queries/status_relays.sql.
+func StatusRelays() Statement {
+	return statusRelays.with()
+}
+
+// StatusRetrying is queries/status_retrying.sql.
+func StatusRetrying(aggregateType string, maxRows int64) Statement {
+	return statusRetrying.with(aggregateType, maxRows)
 }
 
 // TransferGet is queries/transfer_get.sql.

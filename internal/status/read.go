@@ -1,0 +1,231 @@
+package status
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tedbank/outbox/admin"
+	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/consumer/natssource"
+	"github.com/tedbank/outbox/internal/queries"
+	"github.com/tedbank/outbox/partition"
+)
+
+// Options says what to read.
+type Options struct {
+	// Aggregate limits the outbox figures and rows to one aggregate type
+	// ("": every type).
+	Aggregate string
+	// Stream is the stream's base name (partition.Stream makes each
+	// partition's), Group the consumer group, KeyPrefix its consumers' key
+	// prefix, Partitions the stream's partitions (0 or 1: one).
+	Stream     string
+	Group      string
+	KeyPrefix  string
+	Partitions int
+	// Broker is "redis" or "nats".
+	Broker string
+	// Samples is how many retrying and dead rows to list (default 5).
+	Samples int
+}
+
+// New returns the Status for opts, nothing read yet.
+func New(opts Options) *Status {
+	n := max(opts.Partitions, 1)
+	st := &Status{
+		Aggregate: opts.Aggregate, Stream: opts.Stream, Group: opts.Group, KeyPrefix: opts.KeyPrefix,
+		DeadLetterStream: consumer.Keys{Prefix: opts.KeyPrefix}.DeadLetters(),
+		Partitions:       opts.Partitions, Broker: opts.Broker,
+		Streams: partition.Streams(opts.Stream, opts.Partitions),
+		Relays:  []Relay{}, RelayPartitions: []RelayPartition{},
+		RetryingEvents: []RetryingEvent{}, DeadEvents: []admin.DeadEvent{}, Members: []Member{},
+		ByPartition: make([]Partition, n),
+		samples:     cmp.Or(max(opts.Samples, 0), 5),
+	}
+	for p := range st.ByPartition {
+		st.ByPartition[p] = Partition{Partition: p, Stream: partition.Stream(opts.Stream, p, opts.Partitions)}
+	}
+	return st
+}
+
+// ReadPostgres reads the outbox table, the relays and their slots.
+func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
+	samples := st.samples
+	q := queries.Status(st.Aggregate)
+	err := pool.QueryRow(ctx, q.SQL, q.Args...).
+		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds, &st.Retrying)
+	if err != nil {
+		return fmt.Errorf("read outbox status: %w", err)
+	}
+	q = queries.StatusListeningRelays()
+	if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&st.ListeningRelays); err != nil {
+		return fmt.Errorf("count listening relays: %w", err)
+	}
+	q = queries.StatusRelays()
+	rows, err := pool.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("read the relays: %w", err)
+	}
+	var r Relay
+	_, err = pgx.ForEachRow(rows, []any{&r.Name, &r.PID, &r.Alive, &r.Ownership, &r.Slots, &r.LeaseSecondsLeft, &r.Claimed}, func() error {
+		st.Relays = append(st.Relays, r)
+		if r.Alive {
+			st.LiveRelays++
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the relays: %w", err)
+	}
+	q = queries.StatusRelayPartitions()
+	rows, err = pool.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("read the relays' partition slots: %w", err)
+	}
+	var s RelayPartition
+	var owner *string
+	_, err = pgx.ForEachRow(rows, []any{&s.Slot, &owner, &s.Alive, &s.LeaseSecondsLeft, &s.Waiting, &s.OldestSeconds}, func() error {
+		s.Owner = ""
+		if owner == nil {
+			st.RelaySlotsFree++
+		} else {
+			s.Owner = *owner
+			if st.RelaySlots == nil {
+				st.RelaySlots = map[string]int{}
+			}
+			st.RelaySlots[s.Owner]++
+		}
+		st.RelayPartitions = append(st.RelayPartitions, s)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the relays' partition slots: %w", err)
+	}
+	q = queries.StatusRetrying(st.Aggregate, int64(samples))
+	rows, err = pool.Query(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return fmt.Errorf("read the retrying rows: %w", err)
+	}
+	var e RetryingEvent
+	var total int64
+	_, err = pgx.ForEachRow(rows, []any{&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.Status,
+		&e.Attempts, &e.LastError, &e.NextAttemptInSeconds, &total}, func() error {
+		st.RetryingEvents = append(st.RetryingEvents, e)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the retrying rows: %w", err)
+	}
+	if st.DeadEvents, _, err = admin.ListDeadOf(ctx, pool, st.Aggregate, samples); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ReadRedisStreams reads each partition's stream and consumer group.
+func (st *Status) ReadRedisStreams(ctx context.Context, rdb redis.Cmdable) error {
+	st.GroupExists = true
+	st.StreamLength, st.GroupPending, st.GroupLag = 0, 0, 0
+	for p := range st.ByPartition {
+		ps := &st.ByPartition[p]
+		var err error
+		if ps.StreamLength, err = rdb.XLen(ctx, ps.Stream).Result(); err != nil {
+			return fmt.Errorf("read stream length: %w", err)
+		}
+		groups, err := rdb.XInfoGroups(ctx, ps.Stream).Result()
+		if err != nil && !isNoSuchKey(err) {
+			return fmt.Errorf("read consumer groups: %w", err)
+		}
+		for _, g := range groups {
+			if g.Name == st.Group {
+				ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, max(g.Lag, 0)
+			}
+		}
+		st.StreamLength += ps.StreamLength
+		st.GroupPending += ps.GroupPending
+		st.GroupLag += ps.GroupLag
+		st.GroupExists = st.GroupExists && ps.GroupExists
+	}
+	return nil
+}
+
+func isNoSuchKey(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "no such key") || errors.Is(err, redis.Nil))
+}
+
+// ReadConsumers reads what the group's consumers keep in Redis, whatever
+// the broker: its members, each partition's owner and dead letters.
+func (st *Status) ReadConsumers(ctx context.Context, rdb redis.Cmdable) error {
+	keys := consumer.Keys{Prefix: st.KeyPrefix, Partitions: max(st.Partitions, 1)}
+	gs, err := consumer.Inspect(ctx, rdb, keys, st.Group)
+	if err != nil {
+		return err
+	}
+	st.LiveMembers = 0
+	for _, m := range gs.Members {
+		st.Members = append(st.Members, Member{Name: m.Name, Alive: m.Alive})
+		if m.Alive {
+			st.LiveMembers++
+		}
+	}
+	st.DeadLettered = 0
+	for p, k := range keys.Each() {
+		ps := &st.ByPartition[p]
+		if ps.DeadLettered, err = rdb.XLen(ctx, k.DeadLetters()).Result(); err != nil {
+			return fmt.Errorf("read dead-letter stream length: %w", err)
+		}
+		st.DeadLettered += ps.DeadLettered
+		o := gs.Partitions[p]
+		ps.Owner, ps.OwnerAlive, ps.LeaseSecondsLeft = o.Owner, o.Alive, o.LeaseLeft.Seconds()
+	}
+	return nil
+}
+
+// ReadJetStream reads each partition's subject in its JetStream stream (its
+// messages) and the group's durable consumer of it (acknowledged pending,
+// and lag: not yet delivered).
+func (st *Status) ReadJetStream(ctx context.Context, js jetstream.JetStream) error {
+	st.GroupExists = true
+	st.StreamLength, st.GroupPending, st.GroupLag = 0, 0, 0
+	for p := range st.ByPartition {
+		ps := &st.ByPartition[p]
+		name, err := js.StreamNameBySubject(ctx, ps.Stream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			st.GroupExists = false
+			continue // no relay has created it yet
+		}
+		if err != nil {
+			return fmt.Errorf("find the JetStream stream of %s: %w", ps.Stream, err)
+		}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("read JetStream stream %s: %w", name, err)
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(ps.Stream))
+		if err != nil {
+			return fmt.Errorf("read JetStream stream %s: %w", name, err)
+		}
+		ps.StreamLength = int64(info.State.Subjects[ps.Stream])
+		cons, err := natssource.Durable(ctx, js, name, st.Group, p)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			st.GroupExists = false
+		case err != nil:
+			return fmt.Errorf("read the group's durable consumer: %w", err)
+		default:
+			ci := cons.CachedInfo()
+			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, int64(ci.NumAckPending), int64(ci.NumPending)
+		}
+		st.StreamLength += ps.StreamLength
+		st.GroupPending += ps.GroupPending
+		st.GroupLag += ps.GroupLag
+	}
+	return nil
+}
