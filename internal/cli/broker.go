@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/natsjs"
 )
 
@@ -41,9 +43,14 @@ func (b *brokerChoice) check() error {
 
 func (b *brokerChoice) nats() bool { return b.name == brokerNATS }
 
-// connect connects to NATS as name; the caller closes the connection.
+// connect connects to NATS as name; the caller closes the connection. A
+// server that does not answer is connect.ErrUnreachable.
 func (b *brokerChoice) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
-	return natsjs.Connect(b.natsURL, name)
+	nc, js, err := natsjs.Connect(b.natsURL, name)
+	if errors.Is(err, nats.ErrNoServers) {
+		err = connect.Unreachable(err)
+	}
+	return nc, js, err
 }
 
 // natsStreamFlags defines the relay's JetStream stream settings.

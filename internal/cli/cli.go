@@ -96,7 +96,7 @@ func (e *env) main(ctx context.Context, args []string) int {
 		switch {
 		case err == nil:
 			return exitOK
-		case errors.Is(err, flag.ErrHelp):
+		case errors.Is(err, flag.ErrHelp), errors.Is(err, errStoppedWaiting):
 			return exitOK
 		case errors.As(err, new(usageError)):
 			fmt.Fprintf(stderr, "outbox %s: %s (see 'outbox %s -h')\n", e.cmdName(c.name), connect.RedactSecrets(err.Error()), e.cmdName(c.name))

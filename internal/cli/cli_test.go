@@ -123,7 +123,8 @@ func TestUnreachableServerIsOneClearLine(t *testing.T) {
 		"DATABASE_URL": "postgres://app:s3cret-pw@127.0.0.1:1/db?sslmode=disable&connect_timeout=2",
 		"REDIS_URL":    "redis://:r3dis-pw@127.0.0.1:1/0",
 	}
-	for _, args := range [][]string{{"migrate"}, {"relay"}, {"status"}, {"settle", "--count", "1"}, {"fraud"}} {
+	for _, args := range [][]string{{"migrate"}, {"relay", "--wait-for-servers", "0"}, {"status"}, {"settle", "--count", "1"},
+		{"fraud", "--wait-for-servers", "0"}} {
 		code, _, stderr := run(t, env, args...)
 		if code != exitFailure || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "cannot reach") {
 			t.Errorf("%v: exit %d, stderr %q; want exit 1 and one 'cannot reach' line", args, code, stderr)
@@ -205,7 +206,7 @@ func TestBadServerURLsDoNotLeakPasswords(t *testing.T) {
 		{map[string]string{"DATABASE_URL": "postgres://u:" + secret + "@127.0.0.1:abc/db"}, []string{"status"}},
 		{map[string]string{"DATABASE_URL": "host=127.0.0.1 port=abc user=u password=" + secret}, []string{"status"}},
 		{map[string]string{"DATABASE_URL": "host=127.0.0.1 port=1 user=u password='" + secret + "'"}, []string{"status"}},
-		{nil, []string{"relay", "--database-url", "postgres://u:" + secret + "@127.0.0.1:1/db", "--log-level", "debug"}},
+		{nil, []string{"relay", "--database-url", "postgres://u:" + secret + "@127.0.0.1:1/db", "--log-level", "debug", "--wait-for-servers", "300ms"}},
 	} {
 		code, stdout, stderr := run(t, c.vars, c.args...)
 		if code == 0 || stderr == "" {

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/tedbank/outbox/consumer/natssource"
 	"runtime"
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tedbank/outbox/consumer"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
@@ -37,6 +39,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	var c common
 	var cfg fraud.Config
 	fs := fraudFlags(e, "fraud", &c, &cfg)
+	wait := waitFlag(fs)
 	usageLine(fs, `outbox fraud [flags]        run the anti-fraud consumer
        outbox fraud report [flags] anti-fraud totals (see 'outbox fraud report -h')
        outbox fraud dlq <list|retry> [flags]
@@ -96,7 +99,9 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	// A worker per owned partition blocks a connection in XREADGROUP, and
 	// under a backlog holds a second one (its read-ahead beside its effects).
 	pool := max(10*runtime.GOMAXPROCS(0), 2*cfg.Partitions+8)
-	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
+	rdb, err := waitFor(ctx, log, *wait, func() (redis.UniversalClient, error) {
+		return c.redis(ctx, connect.RedisOptions{ClientName: "outbox-fraud-" + name, PoolSize: pool})
+	})
 	if err != nil {
 		return err
 	}
@@ -111,7 +116,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	newConsumer := func() (*fraud.Consumer, error) { return fraud.New(rdb, cfg) }
 	if broker.nats() {
 		// Events come from JetStream; the effects stay in Redis.
-		nc, js, err := broker.connect("outbox-fraud-" + name)
+		nc, js, err := waitForNATS(ctx, log, *wait, broker, "outbox-fraud-"+name)
 		if err != nil {
 			return err
 		}

@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/tedbank/outbox/consumer/natssource"
 	"runtime"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/inbox"
+	"github.com/tedbank/outbox/consumer/natssource"
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/traceexport"
@@ -50,6 +51,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	var cfg ledger.Config
 	cc := &cfg.Consumer
 	fs := e.flags("ledger", &c)
+	wait := waitFlag(fs)
 	usageLine(fs, `outbox ledger [flags]          run the ledger example's consumer (double entries in its own PostgreSQL)
        outbox ledger balances [flags] print the ledger's balances (see 'outbox ledger balances -h')`)
 	ledgerURL := ledgerDatabaseFlag(e, fs, "the ledger's own PostgreSQL: its entries and its inbox (migrated at start)")
@@ -95,7 +97,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	if err := cc.Validate(); err != nil {
 		return usageError{err.Error()}
 	}
-	db, err := openLedger(ctx, *ledgerURL, "outbox-ledger")
+	db, err := waitFor(ctx, log, *wait, func() (*pgxpool.Pool, error) { return openLedger(ctx, *ledgerURL, "outbox-ledger") })
 	if err != nil {
 		return err
 	}
@@ -103,7 +105,9 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	// A worker per owned partition blocks a connection in XREADGROUP, and
 	// under a backlog holds a second one (its read-ahead beside its effects).
 	pool := max(10*runtime.GOMAXPROCS(0), 2*cc.Partitions+8)
-	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-ledger", PoolSize: pool})
+	rdb, err := waitFor(ctx, log, *wait, func() (redis.UniversalClient, error) {
+		return c.redis(ctx, connect.RedisOptions{ClientName: "outbox-ledger", PoolSize: pool})
+	})
 	if err != nil {
 		return err
 	}
@@ -117,7 +121,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	collector := consumer.NewGroupCollector(rdb, "ledger", cc.Stream, cc.Group).WithPartitions(cc.Partitions)
 	newConsumer := func() (*consumer.Consumer, error) { return ledger.New(db, rdb, cfg) }
 	if broker.nats() {
-		nc, js, err := broker.connect("outbox-ledger")
+		nc, js, err := waitForNATS(ctx, log, *wait, broker, "outbox-ledger")
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/metrics"
 	"github.com/tedbank/outbox/internal/traceexport"
@@ -25,6 +28,7 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 		ce  broker.CloudEvents // either broker
 	)
 	fs := e.flags("relay", &c)
+	wait := waitFlag(fs)
 	fs.StringVar(&cfg.Name, "name", "", "relay name, recorded in claimed_by (default hostname-pid)")
 	fs.IntVar(&cfg.BatchSize, "batch", relay.DefaultBatchSize, "rows per claim and per pipelined publish")
 	fs.Int64Var(&cfg.BatchBytes, "batch-bytes", relay.DefaultBatchBytes, "bound a batch by payload bytes as well: the smallest events first while the bytes before each stay under this (at least one event)")
@@ -117,14 +121,16 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 	}
 	rc.CloudEvents = ce
 
-	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
+	pool, err := waitFor(ctx, log, *wait, func() (*pgxpool.Pool, error) {
+		return openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-relay", MaxConns: 4})
+	})
 	if err != nil {
 		return err
 	}
 	defer connect.ClosePool(pool, 3*time.Second)
 	var newRelay func() (*relay.Relay, error)
 	if brokerFlag.nats() {
-		nc, js, err := brokerFlag.connect("outbox-relay")
+		nc, js, err := waitForNATS(ctx, log, *wait, brokerFlag, "outbox-relay")
 		if err != nil {
 			return err
 		}
@@ -134,7 +140,9 @@ func runRelay(ctx context.Context, e *env, args []string) error {
 				MaxAge: *natsMaxAge, CloudEvents: ce}, cfg)
 		}
 	} else {
-		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+		rdb, err := waitFor(ctx, log, *wait, func() (redis.UniversalClient, error) {
+			return c.redis(ctx, connect.RedisOptions{ClientName: "outbox-relay", NoRetries: true})
+		})
 		if err != nil {
 			return err
 		}

@@ -91,8 +91,8 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 					Redact(rawURL), cfg.ConnConfig.User, redactErr(err, rawURL))
 			}
 		}
-		return nil, fmt.Errorf("cannot reach PostgreSQL at %s: %s (is it running? set DATABASE_URL or --database-url)",
-			Redact(rawURL), redactErr(err, rawURL))
+		return nil, Unreachable(fmt.Errorf("cannot reach PostgreSQL at %s: %s (is it running? set DATABASE_URL or --database-url)",
+			Redact(rawURL), redactErr(err, rawURL)))
 	}
 	return pool, nil
 }
@@ -202,8 +202,8 @@ func RedisClient(ctx context.Context, rawURL string, opt RedisOptions) (redis.Un
 	err = rdb.ForEachMaster(pctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
 	if err != nil {
 		_ = rdb.Close()
-		return nil, fmt.Errorf("cannot reach the Redis Cluster at %s: %s (is it running, and is --redis-url in the cluster form? set REDIS_URL or --redis-url)",
-			Redact(rawURL), redactErr(err, rawURL))
+		return nil, Unreachable(fmt.Errorf("cannot reach the Redis Cluster at %s: %s (is it running, and is --redis-url in the cluster form? set REDIS_URL or --redis-url)",
+			Redact(rawURL), redactErr(err, rawURL)))
 	}
 	return rdb, nil
 }
@@ -232,8 +232,8 @@ func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client,
 			}
 			return nil, fmt.Errorf("Redis at %s refused the connection: %s (%s)", Redact(rawURL), redactErr(err, rawURL), hint)
 		}
-		return nil, fmt.Errorf("cannot reach Redis at %s: %s (is it running? set REDIS_URL or --redis-url)",
-			Redact(rawURL), redactErr(err, rawURL))
+		return nil, Unreachable(fmt.Errorf("cannot reach Redis at %s: %s (is it running? set REDIS_URL or --redis-url)",
+			Redact(rawURL), redactErr(err, rawURL)))
 	}
 	return rdb, nil
 }
@@ -296,3 +296,21 @@ func ClosePool(pool *pgxpool.Pool, d time.Duration) {
 	case <-time.After(d):
 	}
 }
+
+// ErrUnreachable: a server did not answer (not running yet, restarting, a
+// network in between down), as opposed to one that answered no (a bad
+// password, a missing database). Errors.Is finds it in the errors of
+// Postgres, Redis and RedisClient; a process starting may wait and try
+// again.
+var ErrUnreachable = errors.New("server unreachable")
+
+
+// Unreachable marks err as ErrUnreachable, its message unchanged (for the
+// connection errors of other clients: NATS's).
+func Unreachable(err error) error { return unreachableError{err} }
+
+type unreachableError struct{ err error }
+
+func (u unreachableError) Error() string        { return u.err.Error() }
+func (u unreachableError) Unwrap() error        { return u.err }
+func (u unreachableError) Is(target error) bool { return target == ErrUnreachable }
