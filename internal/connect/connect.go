@@ -304,7 +304,6 @@ func ClosePool(pool *pgxpool.Pool, d time.Duration) {
 // again.
 var ErrUnreachable = errors.New("server unreachable")
 
-
 // Unreachable marks err as ErrUnreachable, its message unchanged (for the
 // connection errors of other clients: NATS's).
 func Unreachable(err error) error { return unreachableError{err} }
