@@ -49,6 +49,7 @@ GRANT outbox_relay TO outbox_admin;
 GRANT DELETE ON outbox_messages TO outbox_admin;
 -- outbox republish (migration 0017): the audit of what it put back.
 GRANT SELECT, INSERT ON outbox_republished TO outbox_admin;
+GRANT SELECT, INSERT ON outbox_operator_actions TO outbox_admin; -- the console's audit (0020)
 
 -- Partition leases (migration 0010), for relays with --ownership partitions.
 GRANT SELECT, UPDATE ON outbox_relay_partitions TO outbox_relay;

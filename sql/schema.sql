@@ -344,6 +344,36 @@ CREATE SEQUENCE public.outbox_messages_seq
 
 ALTER SEQUENCE public.outbox_messages_seq OWNED BY public.outbox_messages.seq;
 
+-- TABLE outbox_operator_actions
+
+CREATE TABLE public.outbox_operator_actions (
+    id bigint NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text NOT NULL,
+    origin text DEFAULT ''::text NOT NULL,
+    action text NOT NULL,
+    target text NOT NULL,
+    reason text NOT NULL,
+    outcome text DEFAULT ''::text NOT NULL,
+    CONSTRAINT outbox_operator_actions_action_check CHECK ((action = ANY (ARRAY['dead_retry'::text, 'dlq_retry'::text]))),
+    CONSTRAINT outbox_operator_actions_actor_check CHECK (((length(actor) >= 1) AND (length(actor) <= 200))),
+    CONSTRAINT outbox_operator_actions_origin_check CHECK ((length(origin) <= 200)),
+    CONSTRAINT outbox_operator_actions_outcome_check CHECK ((length(outcome) <= 1000)),
+    CONSTRAINT outbox_operator_actions_reason_check CHECK (((length(reason) >= 1) AND (length(reason) <= 1000))),
+    CONSTRAINT outbox_operator_actions_target_check CHECK (((length(target) >= 1) AND (length(target) <= 500)))
+);
+
+-- SEQUENCE outbox_operator_actions_id_seq
+
+ALTER TABLE public.outbox_operator_actions ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_operator_actions_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 -- SEQUENCE outbox_relay_busy_pid
 
 CREATE SEQUENCE public.outbox_relay_busy_pid
@@ -444,6 +474,11 @@ ALTER TABLE ONLY public.outbox_messages
 
 ALTER TABLE ONLY public.outbox_messages
     ADD CONSTRAINT outbox_messages_seq_unique UNIQUE (seq);
+
+-- CONSTRAINT outbox_operator_actions outbox_operator_actions_pkey
+
+ALTER TABLE ONLY public.outbox_operator_actions
+    ADD CONSTRAINT outbox_operator_actions_pkey PRIMARY KEY (id);
 
 -- CONSTRAINT outbox_relay_members outbox_relay_members_pkey
 

@@ -5,17 +5,20 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
+	"github.com/tedbank/outbox/partition"
 )
 
 var (
@@ -224,4 +227,65 @@ func retryOne(ctx context.Context, rdb redis.Cmdable, dlq string, m redis.XMessa
 		res.Retried = append(res.Retried, Retried{ID: m.ID, Stream: source, NewID: newID})
 	}
 	return nil
+}
+
+// ListPartitions is List over the dead-letter streams of consumers whose
+// state is split into partitions (fraud.Keys.Each; 0 or 1: one stream):
+// up to count dead letters, oldest first across the streams, and the number
+// in all.
+func ListPartitions(ctx context.Context, rdb redis.Cmdable, keyPrefix string, partitions, count int) ([]DeadLetter, int64, error) {
+	letters := []DeadLetter{} // an empty list encodes as [], not null
+	var total int64
+	for _, k := range (fraud.Keys{Prefix: keyPrefix, Partitions: partitions}).Each() {
+		ls, n, err := List(ctx, rdb, k.Prefix, count)
+		if err != nil {
+			return nil, 0, err
+		}
+		letters, total = append(letters, ls...), total+n
+	}
+	// Entry ids are times: oldest first across the streams.
+	slices.SortStableFunc(letters, func(a, b DeadLetter) int { return CompareEntryIDs(a.ID, b.ID) })
+	return letters[:min(len(letters), count)], total, nil
+}
+
+// RetryPartitions is Retry (or RetryAll, when all is set) over the
+// dead-letter streams of consumers whose state is split into partitions: an
+// id is looked up in each partition's stream, and is Missing only when none
+// holds it; stream is the source stream's base name, each partition's being
+// partition.Stream(stream, p, partitions).
+func RetryPartitions(ctx context.Context, rdb redis.Cmdable, keyPrefix string, partitions int, ids []string, all bool, stream string) (RetryResult, error) {
+	var res RetryResult
+	missing := map[string]int{} // how many partitions do not hold each id
+	n := max(partitions, 1)
+	var err error
+	for p, k := range (fraud.Keys{Prefix: keyPrefix, Partitions: partitions}).Each() {
+		var r RetryResult
+		source := partition.Stream(stream, p, partitions)
+		if all {
+			r, err = RetryAll(ctx, rdb, k.Prefix, source)
+		} else {
+			r, err = Retry(ctx, rdb, k.Prefix, ids, source)
+		}
+		res.Retried, res.Failed = append(res.Retried, r.Retried...), append(res.Failed, r.Failed...)
+		for _, id := range r.Missing {
+			missing[id]++
+		}
+		if err != nil {
+			break
+		}
+	}
+	for _, id := range ids {
+		if missing[id] == n && !slices.Contains(res.Missing, id) {
+			res.Missing = append(res.Missing, id)
+		}
+	}
+	return res, err
+}
+
+// CompareEntryIDs orders two stream entry ids (ms-seq) by time.
+func CompareEntryIDs(a, b string) int {
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	num := func(s string) uint64 { n, _ := strconv.ParseUint(s, 10, 64); return n }
+	return cmp.Or(cmp.Compare(num(am), num(bm)), cmp.Compare(num(as), num(bs)))
 }

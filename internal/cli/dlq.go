@@ -17,7 +17,6 @@ import (
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/connect"
-	"github.com/tedbank/outbox/partition"
 )
 
 const defaultDLQListCount = 100
@@ -82,20 +81,10 @@ func runDLQList(ctx context.Context, e *env, name string, args []string) error {
 		return err
 	}
 	defer rdb.Close()
-	var (
-		letters = []dlq.DeadLetter{} // an empty list prints as [], not null
-		total   int64
-	)
-	for _, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
-		ls, n, err := dlq.List(ctx, rdb, k.Prefix, *count)
-		if err != nil {
-			return err
-		}
-		letters, total = append(letters, ls...), total+n
+	letters, total, err := dlq.ListPartitions(ctx, rdb, *prefix, nParts, *count)
+	if err != nil {
+		return err
 	}
-	// Oldest first across the partitions' streams (entry ids are times).
-	slices.SortStableFunc(letters, func(a, b dlq.DeadLetter) int { return compareEntryIDs(a.ID, b.ID) })
-	letters = letters[:min(len(letters), *count)]
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(letters)
 	}
@@ -159,29 +148,7 @@ func runDLQRetry(ctx context.Context, e *env, name string, args []string) error 
 		return err
 	}
 	defer rdb.Close()
-	var res dlq.RetryResult
-	missing := map[string]int{} // how many partitions do not hold each id
-	for p, k := range (fraud.Keys{Prefix: *prefix, Partitions: nParts}).Each() {
-		var r dlq.RetryResult
-		source := partition.Stream(*stream, p, nParts)
-		if *all {
-			r, err = dlq.RetryAll(ctx, rdb, k.Prefix, source)
-		} else {
-			r, err = dlq.Retry(ctx, rdb, k.Prefix, ids, source)
-		}
-		res.Retried, res.Failed = append(res.Retried, r.Retried...), append(res.Failed, r.Failed...)
-		for _, id := range r.Missing {
-			missing[id]++
-		}
-		if err != nil {
-			break
-		}
-	}
-	for _, id := range ids {
-		if missing[id] == nParts && !slices.Contains(res.Missing, id) {
-			res.Missing = append(res.Missing, id)
-		}
-	}
+	res, err := dlq.RetryPartitions(ctx, rdb, *prefix, nParts, ids, *all, *stream)
 	var streams []string
 	for _, r := range res.Retried {
 		log.Debug("dead letter retried", slog.String("dlq_id", r.ID), slog.String("stream", r.Stream), slog.String("entry_id", r.NewID))

@@ -3,10 +3,8 @@ package cli
 // Helpers that format the admin commands' output.
 
 import (
-	"cmp"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -67,11 +65,3 @@ func listFooter(w io.Writer, shown int, total int64, noun, limitFlag string) {
 
 // cleanupProgressEvery: how often a running cleanup logs its progress at info.
 const cleanupProgressEvery = 10 * time.Second
-
-// compareEntryIDs orders stream entry ids ("ms-seq") by time, then sequence.
-func compareEntryIDs(a, b string) int {
-	am, as, _ := strings.Cut(a, "-")
-	bm, bs, _ := strings.Cut(b, "-")
-	num := func(s string) uint64 { n, _ := strconv.ParseUint(s, 10, 64); return n }
-	return cmp.Or(cmp.Compare(num(am), num(bm)), cmp.Compare(num(as), num(bs)))
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -32,6 +33,42 @@ func (e errNotDelivered) Error() string {
 func runStatus(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := e.flags("status", &c)
+	broker, options := statusFlags(e, fs)
+	asJSON := fs.Bool("json", false, "print JSON (docs/operations.md, \"Is it being delivered?\")")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	opts, err := options()
+	if err != nil {
+		return err
+	}
+	if _, err := c.logger(e.stderr); err != nil {
+		return err
+	}
+	srv, closeAll := openStatusServers(ctx, &c, broker, "outbox-status")
+	defer closeAll()
+	st, readErr := status.Read(ctx, opts, srv)
+	st.PostgresNotMigrated = errors.Is(srv.PostgresErr, errNotMigrated)
+	if *asJSON {
+		if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
+			return err
+		}
+	} else {
+		printStatus(e.stdout, st)
+	}
+	if readErr != nil {
+		return readErr
+	}
+	if !st.Healthy {
+		return errNotDelivered{st.Problems}
+	}
+	return nil
+}
+
+// statusFlags defines the flags that say what status (and the console)
+// reads: the event type, its stream, the group and its consumers' keys,
+// the partitions and the broker. options checks them after parsing.
+func statusFlags(e *env, fs *flag.FlagSet) (broker *brokerChoice, options func() (status.Options, error)) {
 	aggregate := fs.String("aggregate", "", "the aggregate type to report on: its stream is <stream-prefix><aggregate>, and the outbox figures are its own (default: the stream --stream, every type's rows)")
 	streamPrefix := fs.String("stream-prefix", relay.DefaultStreamPrefix, "the relays' stream key prefix, with --aggregate")
 	stream := fs.String("stream", fraud.DefaultStream, "the stream to report on (default with --aggregate: <stream-prefix><aggregate>)")
@@ -39,102 +76,33 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	keyPrefix := fs.String("key-prefix", "", "the group's consumers' key prefix: their leases, members and dead letters (default: <group>:, fraud: for anti-fraud)")
 	samples := fs.Int("samples", 5, "how many retrying and dead events to list")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream (figures are summed over them, and shown for each)")
-	asJSON := fs.Bool("json", false, "print JSON (docs/operations.md, \"Is it being delivered?\")")
-	broker := brokerFlags(e, fs)
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if err := broker.check(); err != nil {
-		return err
-	}
-	nParts, err := partitions()
-	if err != nil {
-		return err
-	}
-	if *aggregate != "" && !validAggregateType(*aggregate) {
-		return usagef("--aggregate %q: want an aggregate type as outbox_messages holds them (letters, digits, '_', '.', '-'; at most 100)", *aggregate)
-	}
-	if *aggregate != "" && !isSet(fs, "stream") {
-		*stream = *streamPrefix + *aggregate
-	}
-	if !isSet(fs, "key-prefix") {
-		*keyPrefix = *group + ":"
-	}
-	if *samples < 0 {
-		return usagef("--samples %d: want 0 or more", *samples)
-	}
-	if err := (consumer.Config{Name: "status", Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
-		return usagef("%v", err)
-	}
-	if _, err := c.logger(e.stderr); err != nil {
-		return err
-	}
-	st := status.New(status.Options{Aggregate: *aggregate, Stream: *stream, Group: *group, KeyPrefix: *keyPrefix,
-		Partitions: nParts, Broker: broker.name, Samples: max(*samples, 1)})
-	pgReached := false
-	pgErr := func() error {
-		pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: "outbox-status", MaxConns: 2})
+	broker = brokerFlags(e, fs)
+	return broker, func() (status.Options, error) {
+		if err := broker.check(); err != nil {
+			return status.Options{}, err
+		}
+		nParts, err := partitions()
 		if err != nil {
-			return err
+			return status.Options{}, err
 		}
-		defer pool.Close()
-		pgReached = true
-		return st.ReadPostgres(ctx, pool)
-	}()
-	redisErr := func() error {
-		rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: "outbox-status"})
-		if err != nil {
-			return err
+		if *aggregate != "" && !validAggregateType(*aggregate) {
+			return status.Options{}, usagef("--aggregate %q: want an aggregate type as outbox_messages holds them (letters, digits, '_', '.', '-'; at most 100)", *aggregate)
 		}
-		defer rdb.Close()
-		if !broker.nats() {
-			if err := st.ReadRedisStreams(ctx, rdb); err != nil {
-				return err
-			}
+		if *aggregate != "" && !isSet(fs, "stream") {
+			*stream = *streamPrefix + *aggregate
 		}
-		return st.ReadConsumers(ctx, rdb)
-	}()
-	var natsErr error
-	if broker.nats() {
-		natsErr = func() error {
-			nc, js, err := broker.connect("outbox-status")
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			return st.ReadJetStream(ctx, js)
-		}()
-	}
-	pgReadFailed := false
-	if pgErr != nil {
-		st.PostgresError = connect.RedactSecrets(oneLine(pgErr))
-		st.PostgresNotMigrated = errors.Is(pgErr, errNotMigrated)
-		pgReadFailed = pgReached
-	}
-	if redisErr != nil {
-		st.RedisError = connect.RedactSecrets(oneLine(redisErr))
-	}
-	if natsErr != nil {
-		st.NATSError = connect.RedactSecrets(oneLine(natsErr))
-	}
-	st.Judge()
-	if *samples == 0 {
-		st.RetryingEvents, st.DeadEvents = st.RetryingEvents[:0], st.DeadEvents[:0]
-	}
-	if *asJSON {
-		if err := json.NewEncoder(e.stdout).Encode(st); err != nil {
-			return err
+		if !isSet(fs, "key-prefix") {
+			*keyPrefix = *group + ":"
 		}
-	} else {
-		printStatus(e.stdout, st, pgReadFailed)
+		if *samples < 0 {
+			return status.Options{}, usagef("--samples %d: want 0 or more", *samples)
+		}
+		if err := (consumer.Config{Name: "status", Stream: *stream, Group: *group, KeyPrefix: *keyPrefix, Consumer: "status"}).Validate(); err != nil {
+			return status.Options{}, usagef("%v", err)
+		}
+		return status.Options{Aggregate: *aggregate, Stream: *stream, Group: *group, KeyPrefix: *keyPrefix,
+			Partitions: nParts, Broker: broker.name, Samples: *samples}, nil
 	}
-	if err := errors.Join(pgErr, redisErr, natsErr); err != nil {
-		return err
-	}
-	if !st.Healthy {
-		return errNotDelivered{st.Problems}
-	}
-	return nil
 }
 
 // validAggregateType is outbox_messages' check on aggregate_type.
@@ -150,13 +118,40 @@ func validAggregateType(s string) bool {
 	return true
 }
 
-// printStatus prints st; pgReadFailed: PostgreSQL answered, and a query
-// failed.
-func printStatus(w io.Writer, st *status.Status, pgReadFailed bool) {
+// openStatusServers opens the servers status reads, each on its own: an
+// operator needs the PostgreSQL backlog most when Redis is down, and the
+// stream's state when PostgreSQL is. closeAll closes what was opened.
+func openStatusServers(ctx context.Context, c *common, broker *brokerChoice, app string) (srv status.Servers, closeAll func()) {
+	var closers []func()
+	pool, err := openOutbox(ctx, c.databaseURL, connect.PostgresOptions{AppName: app, MaxConns: 2})
+	if err == nil {
+		srv.Postgres, closers = pool, append(closers, pool.Close)
+	}
+	srv.PostgresErr = err
+	rdb, err := c.redis(ctx, connect.RedisOptions{ClientName: app})
+	if err == nil {
+		srv.Redis, closers = rdb, append(closers, func() { _ = rdb.Close() })
+	}
+	srv.RedisErr = err
+	if broker.nats() {
+		nc, js, err := broker.connect(app)
+		if err == nil {
+			srv.JetStream, closers = js, append(closers, nc.Close)
+		}
+		srv.NATSErr = err
+	}
+	return srv, func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+}
+
+func printStatus(w io.Writer, st *status.Status) {
 	switch {
 	case st.PostgresNotMigrated:
 		fmt.Fprintf(w, "outbox   PostgreSQL not migrated: %s\n", st.PostgresError)
-	case pgReadFailed:
+	case st.PostgresReadFailed:
 		fmt.Fprintf(w, "outbox   PostgreSQL could not be read: %s\n", st.PostgresError)
 	case st.PostgresError != "":
 		fmt.Fprintf(w, "outbox   PostgreSQL unreachable: %s\n", st.PostgresError)

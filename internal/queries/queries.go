@@ -30,6 +30,8 @@ type Statement struct {
 // function do not agree on, stops the program at start, before any work.
 // Each file's comment says what the query does and what its parameters are.
 var (
+	adminAuditInsert         = prepare("admin_audit_insert", "actor", "origin", "action", "target", "reason", "outcome")
+	adminAuditList           = prepare("admin_audit_list", "max_rows")
 	adminCleanup             = prepare("admin_cleanup", "before", "after_seq", "batch")
 	adminCleanupCutoff       = prepare("admin_cleanup_cutoff", "older_than_us")
 	adminDeadList            = prepare("admin_dead_list", "aggregate_type", "max_rows")
@@ -83,6 +85,16 @@ var (
 	transferGet              = prepare("transfer_get", "id")
 	transferInsert           = prepare("transfer_insert", "id", "from_account", "to_account", "amount_cents", "currency")
 )
+
+// AdminAuditInsert is queries/admin_audit_insert.sql.
+func AdminAuditInsert(actor, origin, action, target, reason, outcome string) Statement {
+	return adminAuditInsert.with(actor, origin, action, target, reason, outcome)
+}
+
+// AdminAuditList is queries/admin_audit_list.sql.
+func AdminAuditList(maxRows int64) Statement {
+	return adminAuditList.with(maxRows)
+}
 
 // AdminCleanup is queries/admin_cleanup.sql.
 func AdminCleanup(before time.Time, afterSeq int64, batch int64) Statement {

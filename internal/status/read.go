@@ -1,10 +1,10 @@
 package status
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +14,7 @@ import (
 	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/consumer"
 	"github.com/tedbank/outbox/consumer/natssource"
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/partition"
 )
@@ -32,7 +33,7 @@ type Options struct {
 	Partitions int
 	// Broker is "redis" or "nats".
 	Broker string
-	// Samples is how many retrying and dead rows to list (default 5).
+	// Samples is how many retrying and dead rows to list (0: none).
 	Samples int
 }
 
@@ -47,7 +48,7 @@ func New(opts Options) *Status {
 		Relays:  []Relay{}, RelayPartitions: []RelayPartition{},
 		RetryingEvents: []RetryingEvent{}, DeadEvents: []admin.DeadEvent{}, Members: []Member{},
 		ByPartition: make([]Partition, n),
-		samples:     cmp.Or(max(opts.Samples, 0), 5),
+		samples:     max(opts.Samples, 0),
 	}
 	for p := range st.ByPartition {
 		st.ByPartition[p] = Partition{Partition: p, Stream: partition.Stream(opts.Stream, p, opts.Partitions)}
@@ -58,6 +59,10 @@ func New(opts Options) *Status {
 // ReadPostgres reads the outbox table, the relays and their slots.
 func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	samples := st.samples
+	if samples == 0 {
+		samples = 1 // the queries' LIMIT wants a row; the lists are emptied below
+		defer func() { st.RetryingEvents, st.DeadEvents = st.RetryingEvents[:0], st.DeadEvents[:0] }()
+	}
 	q := queries.Status(st.Aggregate)
 	err := pool.QueryRow(ctx, q.SQL, q.Args...).
 		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds, &st.Retrying)
@@ -228,4 +233,59 @@ func (st *Status) ReadJetStream(ctx context.Context, js jetstream.JetStream) err
 		st.GroupLag += ps.GroupLag
 	}
 	return nil
+}
+
+// Servers are the servers Read reads: each one nil when it could not be
+// opened, with the reason in its error.
+type Servers struct {
+	Postgres    *pgxpool.Pool
+	PostgresErr error
+	Redis       redis.Cmdable
+	RedisErr    error
+	// JetStream is read when Options.Broker is "nats".
+	JetStream jetstream.JetStream
+	NATSErr   error
+}
+
+// Read reads every side of s, records why a side could not be read (its
+// error, secrets redacted), judges (Judge) and returns the Status with the
+// sides' errors joined.
+func Read(ctx context.Context, opts Options, s Servers) (*Status, error) {
+	st := New(opts)
+	pgErr := s.PostgresErr
+	if s.Postgres != nil {
+		if pgErr = st.ReadPostgres(ctx, s.Postgres); pgErr != nil {
+			st.PostgresReadFailed = true
+		}
+	}
+	redisErr := s.RedisErr
+	if s.Redis != nil {
+		redisErr = func() error {
+			if opts.Broker != "nats" {
+				if err := st.ReadRedisStreams(ctx, s.Redis); err != nil {
+					return err
+				}
+			}
+			return st.ReadConsumers(ctx, s.Redis)
+		}()
+	}
+	var natsErr error
+	if opts.Broker == "nats" {
+		natsErr = s.NATSErr
+		if s.JetStream != nil {
+			natsErr = st.ReadJetStream(ctx, s.JetStream)
+		}
+	}
+	st.PostgresError, st.RedisError, st.NATSError = errLine(pgErr), errLine(redisErr), errLine(natsErr)
+	st.Judge()
+	return st, errors.Join(pgErr, redisErr, natsErr)
+}
+
+// errLine is err on one line, without the secrets a server URL in it may
+// carry ("" for nil).
+func errLine(err error) string {
+	if err == nil {
+		return ""
+	}
+	return connect.RedactSecrets(strings.Join(strings.Fields(err.Error()), " "))
 }

@@ -90,6 +90,8 @@ type Status struct {
 	NATSError     string `json:"nats_error,omitempty"`
 	// PostgresNotMigrated: PostgreSQL answered, without the outbox's tables.
 	PostgresNotMigrated bool `json:"postgres_not_migrated,omitempty"`
+	// PostgresReadFailed: PostgreSQL answered, and a query failed.
+	PostgresReadFailed bool `json:"-"`
 
 	samples int // rows of each kind to list (Options.Samples)
 }
