@@ -26,7 +26,7 @@ func flagReference(t *testing.T) string {
 	b.WriteString(refBegin + "\n")
 	cmds := [][]string{{"migrate"}, {"relay"}, {"fraud"}, {"fraud", "report"}, {"fraud", "dlq", "list"}, {"fraud", "dlq", "retry"}, {"dlq", "list"}, {"dlq", "retry"},
 		{"ledger"}, {"ledger", "balances"},
-		{"settle"}, {"status"}, {"dead", "list"}, {"dead", "retry"}, {"republish"}, {"cleanup"}, {"reconcile"}, {"demo"},
+		{"settle"}, {"status"}, {"console"}, {"dead", "list"}, {"dead", "retry"}, {"republish"}, {"cleanup"}, {"reconcile"}, {"demo"},
 		{"bench", "writers"}, {"bench", "latency"}, {"bench", "drain"}, {"bench", "consume"}, {"bench", "sustained"}, {"bench", "failover"}}
 	common := map[string]bool{"database-url": true, "redis-url": true, "log-format": true, "log-level": true}
 	first := true

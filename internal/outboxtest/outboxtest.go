@@ -285,8 +285,10 @@ func Binary(t testing.TB) string {
 }
 
 // Eventually polls cond every few milliseconds until it returns true or the
-// timeout passes, then fails t with the message. It bounds waits for
-// asynchronous work; it is not a performance assertion.
+// timeout passes, then fails t with the message; an argument that is a
+// func() any is called then, so that the message says what was so at the
+// end. It bounds waits for asynchronous work; it is not a performance
+// assertion.
 func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -295,6 +297,11 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, format st
 			return
 		}
 		if time.Now().After(deadline) {
+			for i, a := range args {
+				if f, ok := a.(func() any); ok {
+					args[i] = f()
+				}
+			}
 			t.Fatalf("after %s: "+format, append([]any{timeout}, args...)...)
 		}
 		time.Sleep(5 * time.Millisecond)
