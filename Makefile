@@ -13,7 +13,7 @@ GO ?= go
 COMPOSE_DATABASE_URL = postgres://postgres:postgres@localhost:5432/outbox?sslmode=disable
 COMPOSE_REDIS_URL = redis://localhost:6379/0
 
-.PHONY: demo test build vet fmt ci chaos
+.PHONY: demo test build vet fmt ci chaos charts bench-results
 
 # The demo runs the outbox command built with fail points (scenario 2 kills
 # a relay at one), as bin/outbox-demo. It is built with -trimpath as `make
@@ -65,6 +65,26 @@ test:
 # faults): CHAOS_FLAGS='-chaos.nats'.
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
+
+# The charts of docs/charts (ratios.svg, latency.svg, failover.svg), drawn
+# from the committed results of 'outbox bench --json' (docs/charts/results.jsonl);
+# a test fails when they no longer match. 'make bench-results' measures the
+# results again on the servers of DATABASE_URL and REDIS_URL (about ten
+# minutes on 2 cores; each case in a fresh database), then draws them.
+charts:
+	$(GO) run ./cmd/outbox bench chart --in docs/charts/results.jsonl --out docs/charts
+
+bench-results: build
+	@echo "make bench-results: measuring (about ten minutes); results in docs/charts/results.jsonl"
+	{ bin/outbox bench drain --n 50000 --runs 3 --json && \
+	  bin/outbox bench drain --n 50000 --runs 3 --ownership rows --json && \
+	  bin/outbox bench latency --rate 200 --n 2000 --runs 3 --json && \
+	  bin/outbox bench consume --n 100000 --runs 3 --json && \
+	  bin/outbox bench consume --n 100000 --runs 3 --effect inbox --json && \
+	  bin/outbox bench writers --writers 32 --modes off,idle --duration 6s --runs 3 --json && \
+	  bin/outbox bench failover --json; } > docs/charts/results.jsonl.new
+	mv docs/charts/results.jsonl.new docs/charts/results.jsonl
+	$(MAKE) charts
 
 # The product binary: no fail points, no Docker client, stripped of its
 # symbol table and DWARF (panics still print full stack traces).

@@ -207,7 +207,7 @@ func TestDocsUseExistingMetrics(t *testing.T) {
 				name == "outbox_relay_idle", name == "outbox_notify_mode", name == "outbox_relay_partitions", name == "outbox_relay_members",
 				name == "outbox_relay_busy_pid", name == "outbox_live_relays",
 				name == "outbox_writer", name == "outbox_relay", name == "outbox_admin", name == "outbox_republished",
-				name == "outbox_operator_actions":
+				name == "outbox_operator_actions", name == "outbox_cleanups":
 				continue // table, index, sequence, function and role names, not metrics
 			}
 			base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_bucket"), "_count"), "_sum")

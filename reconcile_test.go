@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/fraud"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/reconcile"
@@ -118,5 +120,47 @@ func TestReconcileFindsWhatWasPlanted(t *testing.T) {
 	}
 	if rep.Unpublished.Count != 0 || rep.NoVerdict.Count != 0 || rep.NotInStream.Count != 0 || rep.MissingEvent.Count != 1 || rep.TotalsDiffer != 1 {
 		t.Errorf("within the grace period: %+v", rep)
+	}
+}
+
+// After outbox cleanup deleted published events, reconcile counts their
+// judged transfers as cleaned up, not as a writer that bypassed
+// transfer.Settle; a transfer settled before the cleanup horizon with no
+// verdict, and one settled after it without its event, are still missing.
+func TestReconcileAfterCleanupIsNotABypass(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.Run(f.NewRelay(f.RelayConfig("r1"), nil).Run)
+	f.Run(f.consumer("c1", nil).Run)
+	teds := f.Settle(10)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return f.report().Verdicts == int64(len(teds)) && f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published'") == len(teds)
+	}, "the 10 TEDs were not published and judged")
+	// A transfer settled then, whose event never reached anti-fraud (written
+	// without it, as a bypass would): cleanup cannot explain it.
+	early := uuid.New()
+	f.Exec("INSERT INTO transfers (id, from_account, to_account, amount_cents, settled_at) VALUES ($1, 'acct-early', 'acct-00', 700, now() - interval '1 minute')", early)
+
+	res, err := admin.Cleanup(f.Ctx, f.Pool, admin.CleanupOptions{OlderThan: time.Microsecond})
+	if err != nil || res.Deleted != 10 {
+		t.Fatalf("cleanup: %+v %v, want 10 deleted", res, err)
+	}
+	var runs int
+	if err := f.Pool.QueryRow(f.Ctx, "SELECT count(*) FROM outbox_cleanups WHERE deleted = 10 AND cutoff = $1", res.Cutoff).Scan(&runs); err != nil || runs != 1 {
+		t.Fatalf("cleanup runs recorded: %d (err %v), want 1", runs, err)
+	}
+	// After the horizon: a transfer without its event is a bypass again.
+	late := uuid.New()
+	f.Exec("INSERT INTO transfers (id, from_account, to_account, amount_cents) VALUES ($1, 'acct-late', 'acct-00', 500)", late)
+
+	opt := reconcile.Options{Since: time.Now().Add(-time.Hour), Stream: f.Stream(), KeyPrefix: f.keyPrefix(), Now: time.Now().Add(2 * time.Minute)}
+	rep, err := reconcile.Run(f.Ctx, f.Pool, f.Redis.Client, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.CleanedUp != 10 || rep.CleanupHorizon == nil || rep.MissingEvent.Count != 2 ||
+		!slices.Contains(rep.MissingEvent.Examples, early.String()) || !slices.Contains(rep.MissingEvent.Examples, late.String()) || rep.TotalsDiffer != 0 {
+		t.Fatalf("after cleanup: cleaned up %d (horizon %v), missing %+v, totals differ %d; want 10 cleaned up, the early and late transfers missing",
+			rep.CleanedUp, rep.CleanupHorizon, rep.MissingEvent, rep.TotalsDiffer)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -116,37 +117,35 @@ func TestWalkthroughsRunAsWritten(t *testing.T) {
 	// the checkout's bin/ and the Redis database.
 	lockWalkthrough(t)
 	env := walkthroughEnv(t)
-	// What the blocks write in the working directory (lost.json) is the
-	// test's to remove, not the checkout's to keep.
-	before := map[string]bool{}
-	if entries, err := os.ReadDir("."); err == nil {
-		for _, e := range entries {
-			before[e.Name()] = true
+	// What the blocks write in the working directory (operations.md's
+	// lost.json) is the test's to remove, unless it was there before.
+	for _, name := range []string{"lost.json"} {
+		if _, err := os.Stat(name); err != nil {
+			t.Cleanup(func() { _ = os.Remove(name) })
 		}
 	}
-	t.Cleanup(func() {
-		entries, _ := os.ReadDir(".")
-		for _, e := range entries {
-			if !before[e.Name()] && e.Type().IsRegular() {
-				_ = os.Remove(e.Name())
-			}
-		}
-	})
 	for _, b := range run {
 		t.Logf("%s:%d (%s)", b.file, b.line, b.heading)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// A process group of its own: what the block starts in the
+		// background stays in it (no job control), so what is left of it
+		// when bash ends is what the block did not stop.
 		cmd := exec.CommandContext(ctx, "bash", "-e", "-o", "pipefail", "-c", b.text)
 		cmd.Env = env
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 		cmd.WaitDelay = 5 * time.Second
 		out, err := cmd.CombinedOutput()
 		cancel()
+		left := ""
+		if cmd.Process != nil {
+			left = leftovers(cmd.Process.Pid)
+		}
 		if err != nil {
-			killLeftovers(t)
 			t.Fatalf("%s:%d (%s) failed: %v\n--- block\n%s--- output\n%s", b.file, b.line, b.heading, err, b.text, out)
 		}
-		if leftover := leftoverProcesses(t); leftover != "" {
-			killLeftovers(t)
-			t.Errorf("%s:%d (%s) left processes running:\n%s", b.file, b.line, b.heading, leftover)
+		if left != "" {
+			t.Errorf("%s:%d (%s) left processes running:\n%s", b.file, b.line, b.heading, left)
 		}
 	}
 }
@@ -167,12 +166,6 @@ func lockWalkthrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.Close() }) // closing releases the lock; cleanups run last-in first-out
-}
-
-// killLeftovers stops what a failed block left running.
-func killLeftovers(t *testing.T) {
-	wd, _ := os.Getwd()
-	_ = exec.Command("pkill", "-f", `^(`+filepath.Join(wd, "bin")+`/|bin/)(outbox|billing)( |$)`).Run()
 }
 
 func slicesContainsPrefix(prefixes []string, s string) bool {
@@ -220,21 +213,9 @@ func walkthroughEnv(t *testing.T) []string {
 	return append(env, "DATABASE_URL="+db, "REDIS_URL="+u.String(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 }
 
-// leftoverProcesses lists the processes of this repository's binaries
-// still running (bin/outbox, bin/billing): a block must stop what it
-// starts.
-func leftoverProcesses(t *testing.T) string {
-	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, _ := exec.Command("pgrep", "-af", `^(`+filepath.Join(wd, "bin")+`/|bin/)(outbox|billing)( |$)`).Output()
-	var left []string
-	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if l != "" && !strings.Contains(l, "pgrep") {
-			left = append(left, l)
-		}
-	}
-	return strings.Join(left, "\n")
+// leftovers lists, and kills, the processes left in the process group pgid.
+func leftovers(pgid int) string {
+	out, _ := exec.Command("pgrep", "-a", "-g", strconv.Itoa(pgid)).Output()
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	return strings.TrimSpace(string(out))
 }

@@ -39,9 +39,10 @@ type CleanupOptions struct {
 // relays never write published rows, so it is safe to run while they work.
 //
 // It checks ctx between batches: on cancellation it returns what it deleted so
-// far with ctx's error.
-func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (CleanupResult, error) {
-	var res CleanupResult
+// far with ctx's error. Each run is recorded with its cutoff before it deletes
+// anything, and with its count at the end (outbox_cleanups, migration 0021):
+// package reconcile reads the latest cutoff as the cleanup horizon.
+func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (res CleanupResult, retErr error) {
 	if opt.OlderThan < time.Microsecond {
 		return res, errors.New("cleanup: the age of rows to delete must be at least 1µs")
 	}
@@ -55,6 +56,26 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, opt CleanupOptions) (Clean
 	if err := pool.QueryRow(ctx, cutoff.SQL, cutoff.Args...).Scan(&res.Cutoff); err != nil {
 		return res, fmt.Errorf("cleanup: read the database clock: %w", err)
 	}
+	// The run's cutoff is recorded (outbox_cleanups) before it deletes
+	// anything, so that outbox reconcile knows, even while it runs or after
+	// it died, that events published before it may be gone; its count when
+	// it ends.
+	rec := queries.AdminCleanupRecord(res.Cutoff)
+	var run int64
+	if err := pool.QueryRow(ctx, rec.SQL, rec.Args...).Scan(&run); err != nil {
+		return res, fmt.Errorf("cleanup: record the run (outbox_cleanups) before deleting: %w", err)
+	}
+	defer func() {
+		if res.Deleted == 0 {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		q := queries.AdminCleanupDone(run, res.Deleted)
+		if _, err := pool.Exec(dctx, q.SQL, q.Args...); err != nil {
+			retErr = errors.Join(retErr, fmt.Errorf("cleanup deleted %d rows and could not record the count: %w", res.Deleted, err))
+		}
+	}()
 	var after int64
 	for {
 		if err := ctx.Err(); err != nil {

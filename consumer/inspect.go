@@ -75,7 +75,7 @@ func Inspect(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (G
 	}
 	slices.SortFunc(st.Members, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
 
-	holders := map[string]string{} // owner name -> its process token, from the leases
+	holders := make([]string, len(keys.Each())) // each partition's owner's process token, from its lease
 	for p, k := range keys.Each() {
 		po := PartitionOwner{Partition: p}
 		v, err := rdb.Get(ctx, k.Lease(group)).Result()
@@ -84,7 +84,7 @@ func Inspect(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (G
 		}
 		if name, token, ok := parseLease(v); ok {
 			po.Owner = name
-			holders[name] = token
+			holders[p] = token
 			left, err := rdb.PTTL(ctx, k.Lease(group)).Result()
 			if err != nil {
 				return st, fmt.Errorf("read the lease of partition %d: %w", p, err)
@@ -102,7 +102,9 @@ func Inspect(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (G
 		all = append(all, t)
 	}
 	for _, t := range holders {
-		all = append(all, t)
+		if t != "" {
+			all = append(all, t)
+		}
 	}
 	gone, known := tokensGone(ctx, rdb, keys.Members(group), all)
 	st.Presence = known
@@ -114,9 +116,20 @@ func Inspect(ctx context.Context, rdb redis.Cmdable, keys Keys, group string) (G
 		live[m.Name] = st.Members[i].Alive
 	}
 	for i, po := range st.Partitions {
-		if po.Owner != "" {
-			st.Partitions[i].Alive = live[po.Owner] && !gone[holders[po.Owner]]
+		if po.Owner == "" || gone[holders[i]] {
+			continue
 		}
+		alive, seen := live[po.Owner]
+		if !seen {
+			// Not among the members read above: it may have joined since
+			// (the leases were read after the members). Look again.
+			score, err := rdb.ZScore(ctx, keys.Members(group), po.Owner).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return st, fmt.Errorf("read the members of group %s: %w", group, err)
+			}
+			alive = err == nil && time.UnixMilli(int64(score)).After(now)
+		}
+		st.Partitions[i].Alive = alive
 	}
 	return st, nil
 }

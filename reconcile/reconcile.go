@@ -4,7 +4,8 @@
 // For the transfers settled since a point in time it checks that
 //
 //   - every transfer has its transfer.settled event (and no event lacks its
-//     transfer);
+//     transfer), or, settled before the cleanup horizon (outbox cleanup
+//     deletes published events), a verdict;
 //   - every event older than the grace period is published;
 //   - every published event older than the grace period has a verdict
 //     (unless its verdict is past anti-fraud's retention), and when it has
@@ -111,8 +112,16 @@ type Report struct {
 	Grace     string    `json:"grace"`
 	Transfers int       `json:"transfers"`
 	Events    int       `json:"events"`
-	// MissingEvent: transfers without a transfer.settled event.
+	// MissingEvent: transfers without a transfer.settled event (settled
+	// after the cleanup horizon, or before it and without a verdict).
 	MissingEvent Diff `json:"missing_event"`
+	// CleanupHorizon is the latest cutoff of outbox cleanup (nil: it never
+	// deleted anything): events published before it may be gone.
+	CleanupHorizon *time.Time `json:"cleanup_horizon,omitempty"`
+	// CleanedUp: transfers settled before the cleanup horizon without
+	// their event, which cleanup deleted: judged by anti-fraud (or past
+	// its retention), so nothing is missing.
+	CleanedUp int `json:"cleaned_up"`
 	// Orphan: events whose transfer is not in PostgreSQL.
 	Orphan Diff `json:"orphan_event"`
 	// Unpublished: events older than the grace period, not published.
@@ -199,6 +208,21 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 		posted = posted[:0]
 		return err
 	}
+	hq := queries.ReconcileCleanupHorizon()
+	if err := pool.QueryRow(ctx, hq.SQL, hq.Args...).Scan(&rep.CleanupHorizon); err != nil {
+		return rep, fmt.Errorf("read the cleanup horizon: %w", err)
+	}
+	// Transfers without their event, settled before the cleanup horizon:
+	// judged, their event was cleaned up; not judged, it is missing.
+	var cleaned []row
+	checkCleaned := func() error {
+		if len(cleaned) == 0 {
+			return nil
+		}
+		err := checkCleanedUp(ctx, rdb, keys, cleaned, &rep)
+		cleaned = cleaned[:0]
+		return err
+	}
 	q := queries.ReconcileEvents(opt.Since)
 	rows, err := pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
@@ -218,6 +242,16 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 			rep.Events++
 		}
 		switch {
+		case r.EventID == nil && rep.CleanupHorizon != nil && r.SettledAt.Before(*rep.CleanupHorizon):
+			if fraud.DayExpiry(*r.SettledAt, opt.Retention).Before(opt.Now.Add(expiryMargin)) {
+				rep.CleanedUp++ // nothing left to tell a cleaned-up event from a missing one
+				continue
+			}
+			if cleaned = append(cleaned, r); len(cleaned) == batch {
+				if err := checkCleaned(); err != nil {
+					return rep, err
+				}
+			}
 		case r.EventID == nil:
 			rep.MissingEvent.add(*r.TransferID)
 		case r.TransferID == nil:
@@ -255,6 +289,9 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 	if err := checkPosted(); err != nil {
 		return rep, err
 	}
+	if err := checkCleaned(); err != nil {
+		return rep, err
+	}
 
 	list := make([]string, 0, len(senders))
 	for s := range senders {
@@ -277,6 +314,29 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 	rep.OK = rep.MissingEvent.Count == 0 && rep.Orphan.Count == 0 && rep.Unpublished.Count == 0 &&
 		rep.NoVerdict.Count == 0 && rep.NotInStream.Count == 0 && rep.TotalsDiffer == 0 && rep.Ledger.ok()
 	return rep, nil
+}
+
+// checkCleanedUp looks up the verdicts of transfers settled before the
+// cleanup horizon whose event is gone: a verdict says the event was
+// published and judged, then cleaned up; none, that it is missing.
+func checkCleanedUp(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs []row, rep *Report) error {
+	ids := make([]string, len(rs))
+	senders := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i], senders[i] = *r.TransferID, *r.FromAccount
+	}
+	vals, err := fraud.ReadVerdictsOf(ctx, rdb, keys, ids, senders)
+	if err != nil {
+		return err
+	}
+	for i, v := range vals {
+		if v != "" {
+			rep.CleanedUp++
+		} else {
+			rep.MissingEvent.add(ids[i])
+		}
+	}
+	return nil
 }
 
 // checkVerdicts looks up the verdicts of published events' transfers, and

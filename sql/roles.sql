@@ -50,6 +50,7 @@ GRANT DELETE ON outbox_messages TO outbox_admin;
 -- outbox republish (migration 0017): the audit of what it put back.
 GRANT SELECT, INSERT ON outbox_republished TO outbox_admin;
 GRANT SELECT, INSERT ON outbox_operator_actions TO outbox_admin; -- the console's audit (0020)
+GRANT SELECT, INSERT, UPDATE ON outbox_cleanups TO outbox_admin; -- cleanup's runs, reconcile's horizon (0021)
 
 -- Partition leases (migration 0010), for relays with --ownership partitions.
 GRANT SELECT, UPDATE ON outbox_relay_partitions TO outbox_relay;

@@ -275,6 +275,27 @@ BEGIN
 END
 $$;
 
+-- TABLE outbox_cleanups
+
+CREATE TABLE public.outbox_cleanups (
+    id bigint NOT NULL,
+    ran_at timestamp with time zone DEFAULT now() NOT NULL,
+    cutoff timestamp with time zone NOT NULL,
+    deleted bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT outbox_cleanups_deleted_check CHECK ((deleted >= 0))
+);
+
+-- SEQUENCE outbox_cleanups_id_seq
+
+ALTER TABLE public.outbox_cleanups ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.outbox_cleanups_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
 -- TABLE outbox_relay_members
 
 CREATE TABLE public.outbox_relay_members (
@@ -454,6 +475,11 @@ CREATE TABLE public.transfers (
 -- DEFAULT outbox_messages seq
 
 ALTER TABLE ONLY public.outbox_messages ALTER COLUMN seq SET DEFAULT nextval('public.outbox_messages_seq'::regclass);
+
+-- CONSTRAINT outbox_cleanups outbox_cleanups_pkey
+
+ALTER TABLE ONLY public.outbox_cleanups
+    ADD CONSTRAINT outbox_cleanups_pkey PRIMARY KEY (id);
 
 -- CHECK CONSTRAINT outbox_messages outbox_messages_partition_key_set
 

@@ -24,11 +24,14 @@ func runBench(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintf(e.stderr, "usage: outbox bench <%s> [flags]\n\n", strings.Join(benchScenarios, "|"))
 		fmt.Fprintln(e.stderr, "Measures the outbox on the servers of --database-url / --redis-url, each case in a fresh")
 		fmt.Fprintln(e.stderr, "database (docs/benchmarks.md says what each scenario measures).")
-		fmt.Fprintln(e.stderr, "\nRun 'outbox bench <scenario> -h' for its flags.")
+		fmt.Fprintln(e.stderr, "\nRun 'outbox bench <scenario> -h' for its flags; 'outbox bench chart' draws --json results as SVG.")
 		return flag.ErrHelp
 	}
+	if len(args) > 0 && args[0] == "chart" {
+		return runBenchChart(e, args[1:])
+	}
 	if len(args) == 0 || !slices.Contains(benchScenarios, args[0]) {
-		return usagef("want a scenario: 'outbox bench %s'", strings.Join(benchScenarios, "|"))
+		return usagef("want a scenario: 'outbox bench %s', or 'outbox bench chart' to draw results", strings.Join(benchScenarios, "|"))
 	}
 	scenario := args[0]
 	var c common

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"flag"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,8 +48,9 @@ func (b *brokerChoice) nats() bool { return b.name == brokerNATS }
 // server that does not answer is connect.ErrUnreachable.
 func (b *brokerChoice) connect(name string) (*nats.Conn, jetstream.JetStream, error) {
 	nc, js, err := natsjs.Connect(b.natsURL, name)
-	if errors.Is(err, nats.ErrNoServers) {
-		err = connect.Unreachable(err)
+	var netErr net.Error
+	if errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) || errors.As(err, &netErr) {
+		err = connect.Unreachable(err) // not running yet, not resolvable yet, not answering
 	}
 	return nc, js, err
 }

@@ -49,8 +49,8 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	if !loopback && *token == "" {
 		return usagef("--addr %s is reachable from other machines: give --token (or OUTBOX_CONSOLE_TOKEN), or bind to 127.0.0.1", *addr)
 	}
-	if opts.Samples == 0 {
-		opts.Samples = 20
+	if !isSet(fs, "samples") {
+		opts.Samples = 20 // a page has room for more than a terminal
 	}
 	srv := &consoleServers{c: &c, broker: broker, log: log}
 	defer srv.close()

@@ -131,11 +131,20 @@ func printReconcile(w io.Writer, rep reconcile.Report) {
 		ex := d.Examples[:min(len(d.Examples), 3)]
 		fmt.Fprintf(w, "%-38s %d  e.g. %s\n  %s\n", name, d.Count, strings.Join(ex, " "), hint)
 	}
-	line("transfers without their event", rep.MissingEvent, "the business row committed without its outbox row: a writer bypassed transfer.Settle")
+	missing := "the business row committed without its outbox row: a writer bypassed transfer.Settle"
+	if rep.CleanupHorizon != nil {
+		missing += fmt.Sprintf(" (or, settled before the cleanup horizon %s, its event was cleaned up before anti-fraud judged it)",
+			rep.CleanupHorizon.Format(time.RFC3339))
+	}
+	line("transfers without their event", rep.MissingEvent, missing)
 	line("events without their transfer", rep.Orphan, "an outbox row whose transfer is gone (deleted, or outside --since by a clock skew)")
 	line("events not published", rep.Unpublished, "relays down or failing: outbox status, outbox dead list")
 	line("published, no verdict yet", rep.NoVerdict, "the entry is in the stream: anti-fraud is behind or stuck (outbox status: group lag/pending)")
 	line("published, gone from the stream", rep.NotInStream, "deleted or lost before anti-fraud read it: republish them (outbox reconcile --json --list-lost > lost.json; outbox republish --report lost.json --reason ...)")
+	if rep.CleanedUp > 0 {
+		fmt.Fprintf(w, "%d transfers settled before the cleanup horizon %s have no event row left (outbox cleanup deleted it): judged by anti-fraud, or past its retention and not checkable; retention, not a difference\n",
+			rep.CleanedUp, rep.CleanupHorizon.Format(time.RFC3339))
+	}
 	if rep.PastRetention > 0 {
 		fmt.Fprintf(w, "%d published events settled too long ago to still have a verdict (anti-fraud --retention) were not looked up\n", rep.PastRetention)
 	}

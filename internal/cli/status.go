@@ -69,11 +69,11 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 // reads: the event type, its stream, the group and its consumers' keys,
 // the partitions and the broker. options checks them after parsing.
 func statusFlags(e *env, fs *flag.FlagSet) (broker *brokerChoice, options func() (status.Options, error)) {
-	aggregate := fs.String("aggregate", "", "the aggregate type to report on: its stream is <stream-prefix><aggregate>, and the outbox figures are its own (default: the stream --stream, every type's rows)")
+	aggregate := fs.String("aggregate", "", "the aggregate type to report on: its stream is <stream-prefix><aggregate>, and the outbox figures are its own; unset, every type's rows and the stream --stream")
 	streamPrefix := fs.String("stream-prefix", relay.DefaultStreamPrefix, "the relays' stream key prefix, with --aggregate")
-	stream := fs.String("stream", fraud.DefaultStream, "the stream to report on (default with --aggregate: <stream-prefix><aggregate>)")
+	stream := fs.String("stream", fraud.DefaultStream, "the stream to report on; with --aggregate, <stream-prefix><aggregate> unless given")
 	group := fs.String("group", fraud.DefaultGroup, "the consumer group to report on")
-	keyPrefix := fs.String("key-prefix", "", "the group's consumers' key prefix: their leases, members and dead letters (default: <group>:, fraud: for anti-fraud)")
+	keyPrefix := fs.String("key-prefix", "", "the group's consumers' key prefix: their leases, members and dead letters; unset, <group>: (fraud: for anti-fraud)")
 	samples := fs.Int("samples", 5, "how many retrying and dead events to list")
 	partitions := partitionsFlag(e, fs, "the partitions of the stream (figures are summed over them, and shown for each)")
 	broker = brokerFlags(e, fs)

@@ -326,3 +326,23 @@ func TestStatusOfAnAggregateAndGroupOfOnesOwn(t *testing.T) {
 		}
 	}
 }
+
+// A partition owner whose LISTEN connection is down renews its membership
+// and leases without a pid: it is alive while they run, as the relays count
+// each other, not dead.
+func TestStatusRelayWithoutAPidIsAliveWhileItsMembershipRuns(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t)
+	d.exec(`INSERT INTO outbox_relay_members (owner, seen_until, pid) VALUES ('r9', now() + interval '30 seconds', NULL)`)
+	d.exec(`UPDATE outbox_relay_partitions SET owner = 'r9', owner_pid = NULL, token = gen_random_uuid(), lease_until = now() + interval '30 seconds'`)
+	code, st := d.status("--stream", d.stream(), "--key-prefix", d.keyPrefix())
+	if code != exitOK || st.LiveRelays != 1 || len(st.Relays) != 1 || !st.Relays[0].Alive || st.RelaySlots["r9"] != 16 || !st.RelayPartitions[0].Alive {
+		t.Fatalf("exit %d, problems %q, relays %+v, slot 0 %+v", code, st.Problems, st.Relays, st.RelayPartitions[0])
+	}
+	// Its membership ran out: dead, holding its slots.
+	d.exec(`UPDATE outbox_relay_members SET seen_until = now() - interval '1 second'`)
+	code, st = d.status("--stream", d.stream(), "--key-prefix", d.keyPrefix())
+	if code != exitFailure || !hasProblem(st, "relay r9 is dead and holds 16 partition slots") {
+		t.Fatalf("membership ended: exit %d, %q", code, st.Problems)
+	}
+}

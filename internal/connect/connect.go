@@ -89,7 +89,12 @@ func Postgres(ctx context.Context, rawURL string, opt PostgresOptions) (*pgxpool
 			case "28P01", "28000": // invalid_password, invalid_authorization_specification
 				return nil, fmt.Errorf("PostgreSQL at %s refused the login of %q: %s (check the user and password in DATABASE_URL)",
 					Redact(rawURL), cfg.ConnConfig.User, redactErr(err, rawURL))
+			case "57P03", "53300", "57P01", "57P02": // starting up or shutting down, too many connections: try again
+				return nil, Unreachable(fmt.Errorf("PostgreSQL at %s is not taking connections yet: %s",
+					Redact(rawURL), redactErr(err, rawURL)))
 			}
+			// The server answered no: waiting will not change its mind.
+			return nil, fmt.Errorf("PostgreSQL at %s refused the connection: %s", Redact(rawURL), redactErr(err, rawURL))
 		}
 		return nil, Unreachable(fmt.Errorf("cannot reach PostgreSQL at %s: %s (is it running? set DATABASE_URL or --database-url)",
 			Redact(rawURL), redactErr(err, rawURL)))
@@ -202,6 +207,10 @@ func RedisClient(ctx context.Context, rawURL string, opt RedisOptions) (redis.Un
 	err = rdb.ForEachMaster(pctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
 	if err != nil {
 		_ = rdb.Close()
+		if answeredNo(err) {
+			return nil, fmt.Errorf("the Redis Cluster at %s refused the connection: %s (check REDIS_URL or --redis-url)",
+				Redact(rawURL), redactErr(err, rawURL))
+		}
 		return nil, Unreachable(fmt.Errorf("cannot reach the Redis Cluster at %s: %s (is it running, and is --redis-url in the cluster form? set REDIS_URL or --redis-url)",
 			Redact(rawURL), redactErr(err, rawURL)))
 	}
@@ -220,6 +229,9 @@ func Redis(ctx context.Context, rawURL string, opt RedisOptions) (*redis.Client,
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
+		if notReady(err) {
+			return nil, Unreachable(fmt.Errorf("Redis at %s is not ready yet: %s", Redact(rawURL), redactErr(err, rawURL)))
+		}
 		var answered redis.Error
 		if errors.As(err, &answered) {
 			// The server is up and said no: running is not the question.
@@ -313,3 +325,21 @@ type unreachableError struct{ err error }
 func (u unreachableError) Error() string        { return u.err.Error() }
 func (u unreachableError) Unwrap() error        { return u.err }
 func (u unreachableError) Is(target error) bool { return target == ErrUnreachable }
+
+// notReady: Redis answered that it cannot serve yet (loading its data,
+// busy with a script, no master, a cluster reconfiguring): it will.
+func notReady(err error) bool {
+	for _, prefix := range []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// answeredNo: Redis answered, and not with "not yet" (a bad password, a
+// missing database, a refused command).
+func answeredNo(err error) bool {
+	var answered redis.Error
+	return errors.As(err, &answered) && !notReady(err)
+}

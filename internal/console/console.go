@@ -126,6 +126,9 @@ type State struct {
 	// Actions are the last operators' actions, newest first.
 	Actions []admin.Action `json:"actions"`
 	ReadAt  time.Time      `json:"read_at"`
+	// Errors says what could not be read besides the status (the dead
+	// letters, the actions): an empty list there is then not "none".
+	Errors []string `json:"errors"`
 }
 
 func (c *console) state(w http.ResponseWriter, r *http.Request) {
@@ -133,15 +136,19 @@ func (c *console) state(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	srv := c.cfg.Open(ctx)
 	st, _ := status.Read(ctx, c.cfg.Status, srv)
-	out := State{Status: st, DeadLetters: []dlq.DeadLetter{}, Actions: []admin.Action{}, ReadAt: time.Now().UTC()}
+	out := State{Status: st, DeadLetters: []dlq.DeadLetter{}, Actions: []admin.Action{}, ReadAt: time.Now().UTC(), Errors: []string{}}
 	if srv.Redis != nil {
 		letters, total, err := dlq.ListPartitions(ctx, srv.Redis, c.cfg.Status.KeyPrefix, c.cfg.Status.Partitions, 50)
-		if err == nil {
+		if err != nil {
+			out.Errors = append(out.Errors, "the dead letters could not be read: "+err.Error())
+		} else {
 			out.DeadLetters, out.DeadLettersTotal = letters, total
 		}
 	}
 	if srv.Postgres != nil {
-		if actions, err := admin.Actions(ctx, srv.Postgres, 20); err == nil {
+		if actions, err := admin.Actions(ctx, srv.Postgres, 20); err != nil {
+			out.Errors = append(out.Errors, "the operators' actions could not be read: "+err.Error())
+		} else {
 			out.Actions = actions
 		}
 	}
@@ -229,20 +236,29 @@ func (c *console) dlqRetry(w http.ResponseWriter, r *http.Request) {
 	}
 	opts := c.cfg.Status
 	res, err := dlq.RetryPartitions(r.Context(), srv.Redis, opts.KeyPrefix, opts.Partitions, []string{ch.ID}, false, opts.Stream)
+	var done []string
+	for _, d := range res.Retried {
+		done = append(done, "re-added to "+d.Stream+" as "+d.NewID)
+	}
 	switch {
+	case len(done) > 0:
+		// Audited whatever else failed: it changed something.
+		a := admin.Action{Kind: admin.ActionDLQRetry, Target: "dead letter " + ch.ID + " of the consumers under " + opts.KeyPrefix,
+			Actor: ch.Actor, Reason: ch.Reason, Outcome: strings.Join(done, "; ")}
+		if err != nil {
+			a.Outcome += fmt.Sprintf(" (then: %v)", err)
+		}
+		c.record(w, r, srv, a)
+		return
 	case err != nil:
 		writeJSON(w, http.StatusInternalServerError, errorBody(err.Error()))
 		return
 	case len(res.Failed) > 0:
 		writeJSON(w, http.StatusConflict, errorBody(fmt.Sprintf("not retried: %v", res.Failed[0].Err)))
 		return
-	case len(res.Retried) == 0:
+	default:
 		writeJSON(w, http.StatusNotFound, errorBody(fmt.Sprintf("no dead letter %s (retried already?)", ch.ID)))
-		return
 	}
-	done := res.Retried[0]
-	c.record(w, r, srv, admin.Action{Kind: admin.ActionDLQRetry, Target: ch.ID + " in " + dlq.Stream(opts.KeyPrefix), Actor: ch.Actor,
-		Reason: ch.Reason, Outcome: "re-added to " + done.Stream + " as " + done.NewID})
 }
 
 // record logs the change made and writes its audit record.
@@ -251,7 +267,11 @@ func (c *console) record(w http.ResponseWriter, r *http.Request, srv status.Serv
 	c.cfg.Logger.Info("operator action", slog.String("action", a.Kind), slog.String("target", a.Target),
 		slog.String("actor", a.Actor), slog.String("reason", a.Reason), slog.String("origin", a.Origin), slog.String("outcome", a.Outcome))
 	res := ChangeResult{Outcome: a.Outcome, Action: a}
-	recorded, err := admin.Record(r.Context(), srv.Postgres, a)
+	// The change is made: its record is written even if the browser has
+	// gone meanwhile.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+	defer cancel()
+	recorded, err := admin.Record(ctx, srv.Postgres, a)
 	if err != nil {
 		c.cfg.Logger.Error("the audit record of an operator action could not be written", slog.Any("error", err))
 		res.AuditError = err.Error()

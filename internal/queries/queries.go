@@ -34,6 +34,8 @@ var (
 	adminAuditList           = prepare("admin_audit_list", "max_rows")
 	adminCleanup             = prepare("admin_cleanup", "before", "after_seq", "batch")
 	adminCleanupCutoff       = prepare("admin_cleanup_cutoff", "older_than_us")
+	adminCleanupDone         = prepare("admin_cleanup_done", "id", "deleted")
+	adminCleanupRecord       = prepare("admin_cleanup_record", "cutoff")
 	adminDeadList            = prepare("admin_dead_list", "aggregate_type", "max_rows")
 	adminDeadRetry           = prepare("admin_dead_retry", "ids")
 	adminDeadRetryAll        = prepare("admin_dead_retry_all", "after_seq", "batch")
@@ -47,6 +49,7 @@ var (
 	metricsOutbox            = prepare("metrics_outbox")
 	outboxInsert             = prepare("outbox_insert", "ids", "aggregate_types", "aggregate_ids", "event_types", "payloads", "headers", "partition_keys")
 	outboxLockPartitions     = prepare("outbox_lock_partitions", "lock_slots")
+	reconcileCleanupHorizon  = prepare("reconcile_cleanup_horizon")
 	reconcileEvents          = prepare("reconcile_events", "since")
 	reconcileSenderTransfers = prepare("reconcile_sender_transfers", "senders")
 	relayBusy                = prepare("relay_busy", "pid")
@@ -104,6 +107,16 @@ func AdminCleanup(before time.Time, afterSeq int64, batch int64) Statement {
 // AdminCleanupCutoff is queries/admin_cleanup_cutoff.sql.
 func AdminCleanupCutoff(olderThanUS int64) Statement {
 	return adminCleanupCutoff.with(olderThanUS)
+}
+
+// AdminCleanupDone is queries/admin_cleanup_done.sql.
+func AdminCleanupDone(id int64, deleted int64) Statement {
+	return adminCleanupDone.with(id, deleted)
+}
+
+// AdminCleanupRecord is queries/admin_cleanup_record.sql.
+func AdminCleanupRecord(cutoff time.Time) Statement {
+	return adminCleanupRecord.with(cutoff)
 }
 
 // AdminDeadList is queries/admin_dead_list.sql.
@@ -169,6 +182,11 @@ func OutboxInsert(ids []uuid.UUID, aggregateTypes []string, aggregateIDs []strin
 // OutboxLockPartitions is queries/outbox_lock_partitions.sql.
 func OutboxLockPartitions(lockSlots []int32) Statement {
 	return outboxLockPartitions.with(lockSlots)
+}
+
+// ReconcileCleanupHorizon is queries/reconcile_cleanup_horizon.sql.
+func ReconcileCleanupHorizon() Statement {
+	return reconcileCleanupHorizon.with()
 }
 
 // ReconcileEvents is queries/reconcile_events.sql.

@@ -149,8 +149,18 @@ func (st *Status) ReadRedisStreams(ctx context.Context, rdb redis.Cmdable) error
 			return fmt.Errorf("read consumer groups: %w", err)
 		}
 		for _, g := range groups {
-			if g.Name == st.Group {
-				ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, max(g.Lag, 0)
+			if g.Name != st.Group {
+				continue
+			}
+			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, g.Pending, g.Lag
+			if g.Lag < 0 {
+				// Redis cannot tell the lag (entries were deleted or
+				// trimmed): count what follows the last delivered entry.
+				after, err := rdb.XRangeN(ctx, ps.Stream, "("+g.LastDeliveredID, "+", 10_000).Result()
+				if err != nil {
+					return fmt.Errorf("read the group's lag: %w", err)
+				}
+				ps.GroupLag = int64(len(after))
 			}
 		}
 		st.StreamLength += ps.StreamLength

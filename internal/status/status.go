@@ -187,8 +187,12 @@ func (st *Status) Judge() {
 		waiting := st.Pending + st.Publishing
 		switch {
 		case st.LiveRelays == 0 && waiting > 0:
-			p = append(p, fmt.Sprintf("no live relay while %s (the oldest for %.1fs)%s",
-				count(waiting, "event waits", "events wait"), st.OldestPendingSeconds, diedSuffix(dead)))
+			oldest := ""
+			if st.Pending > 0 {
+				oldest = fmt.Sprintf(" (the oldest pending for %.1fs)", st.OldestPendingSeconds)
+			}
+			p = append(p, fmt.Sprintf("no live relay while %s%s%s",
+				count(waiting, "event waits", "events wait"), oldest, diedSuffix(dead)))
 		case st.LiveRelays == 0 && len(dead) > 0:
 			p = append(p, fmt.Sprintf("no live relay: %s died and none took over", strings.Join(dead, ", ")))
 		}

@@ -1,7 +1,8 @@
 -- The relays' partition slots (migration 0010), for 'outbox status': each
 -- slot's owner while its lease runs (NULL: free), whether that owner's
 -- backend is alive (outbox_live_relays; a lease taken while the relay's
--- LISTEN connection was down has no pid of its own: its member row's), the seconds left on the lease, and
+-- LISTEN connection was down has no pid of its own: its member row's, and
+-- a member without a pid is alive while its membership runs), the seconds left on the lease, and
 -- the unpublished rows of the slot with the age of its oldest one (the
 -- slot's lag). It hashes every unpublished row's partition key: cheap while
 -- the outbox keeps up, a second or so per million rows of backlog.
@@ -18,8 +19,10 @@ WITH n AS (
 SELECT p.slot,
        CASE WHEN p.lease_until > now() THEN p.owner END AS owner,
        coalesce(p.lease_until > now()
-                AND coalesce(p.owner_pid, (SELECT m.pid FROM outbox_relay_members m WHERE m.owner = p.owner))
-                    IN (SELECT pid FROM outbox_live_relays), false) AS alive,
+                AND (coalesce(p.owner_pid, (SELECT m.pid FROM outbox_relay_members m WHERE m.owner = p.owner))
+                         IN (SELECT pid FROM outbox_live_relays)
+                     OR EXISTS (SELECT 1 FROM outbox_relay_members m
+                                 WHERE m.owner = p.owner AND m.pid IS NULL AND m.seen_until > now())), false) AS alive,
        CASE WHEN p.lease_until > now() THEN extract(epoch FROM p.lease_until - now()) ELSE 0 END::float8 AS lease_left,
        coalesce(w.waiting, 0) AS waiting,
        coalesce(w.oldest, 0) AS oldest

@@ -69,7 +69,8 @@ function draw(state) {
   verdict.textContent = st.healthy ? "delivering" : "NOT DELIVERED";
   verdict.className = "verdict " + (st.healthy ? "ok" : "bad");
   document.getElementById("read-at").textContent = "read " + new Date(state.read_at).toLocaleTimeString();
-  document.getElementById("problems").replaceChildren(...st.problems.map((p) => el("li", p)));
+  document.getElementById("problems").replaceChildren(...st.problems.map((p) => el("li", p)),
+    ...(state.errors || []).map((e) => el("li", e)));
 
   figures("backlog", [
     ["pending", st.pending], ["publishing", st.publishing], ["retrying", st.retrying], ["dead", st.dead],
@@ -183,6 +184,9 @@ document.addEventListener("DOMContentLoaded", () => {
     }
     refresh();
   });
-  refresh();
-  setInterval(refresh, REFRESH_MS);
+  // One read at a time: the next starts REFRESH_MS after the last ended.
+  (async function loop() {
+    await refresh();
+    setTimeout(loop, REFRESH_MS);
+  })();
 });
