@@ -62,7 +62,7 @@ func Charts(results []bench.Result) map[string][]byte {
 		out["latency.svg"] = draw("Commit → stream and → verdict, at the offered rate (ms, log scale)", bars, "ms", true, 0)
 	}
 	if bars := failoverBars(results); len(bars) > 0 {
-		out["failover.svg"] = draw("A relay killed mid-batch: commit → stream of every TED (ms, log scale)", bars, "ms", true, 0)
+		out["failover.svg"] = draw("A relay killed mid-batch: commit → stream of every TED (ms, log scale; dashed: 1 s)", bars, "ms", true, 1000)
 	}
 	return out
 }
@@ -181,7 +181,7 @@ func failoverBars(results []bench.Result) []bar {
 	var bars []bar
 	for _, r := range results {
 		if strings.HasPrefix(r.Scenario, "failover") {
-			bars = append(bars, percentileBars(r, cmpOr(setting(r, "ownership"), r.Scenario))...)
+			bars = append(bars, percentileBars(r, "ownership "+cmpOr(setting(r, "ownership"), "?"))...)
 		}
 	}
 	return bars
@@ -248,7 +248,11 @@ func draw(title string, bars []bar, unit string, log bool, ref float64) []byte {
 		if br.target > 0 {
 			fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#e08a00" stroke-width="3"/>`+"\n", x(br.target), y, x(br.target), y+22)
 		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", max(x(br.value), x(br.hi))+6, y+15, html.EscapeString(br.valueText))
+		labelX := max(x(br.value), x(br.hi)) + 6
+		if br.target > 0 && x(br.target) >= labelX-4 && x(br.target) <= labelX+56 {
+			labelX = x(br.target) + 6 // not through the target's tick
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d">%s</text>`+"\n", labelX, y+15, html.EscapeString(br.valueText))
 	}
 	if slices.ContainsFunc(bars, func(b bar) bool { return b.target > 0 }) {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#666">orange tick: the target; red bar: misses it; black line: the runs' spread</text>`+"\n", left, height-4)
