@@ -224,7 +224,7 @@ func TestDocsUseExistingMetrics(t *testing.T) {
 
 // A long transaction holding the xmin horizon (a report in REPEATABLE READ,
 // a session idle in transaction after a write) keeps every dead index entry
-// of the outbox alive, and a backlog drains slower behind it (issue 38): the
+// of the outbox alive, and a backlog drains slower behind it: the
 // age of the oldest such transaction is exported, for OutboxHorizonHeld.
 func TestOldestTransactionAgeIsExported(t *testing.T) {
 	f := newFixture(t)

@@ -13,8 +13,8 @@ import (
 )
 
 // The advisory locks the relays rely on are functions every role may call:
-// PostgreSQL has no grant for one lock key. So taking them must do no harm
-// (issue 38). A session of the writers' role that takes each of them and
+// PostgreSQL has no grant for one lock key. So taking them must do no harm.
+// A session of the writers' role that takes each of them and
 // keeps it, idle, must not refuse relays as "of the other ownership", pass
 // for a live relay, keep writers waiting, or keep relays from sleeping;
 // while a writer that read "busy" and has not committed must still keep a

@@ -96,7 +96,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		{"relay", relayPool, "INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload) VALUES ('x', 'y', 'z', '{}')"},
 		{"relay", relayPool, "DELETE FROM outbox_messages"},
 		{"relay", relayPool, "SELECT count(*) FROM transfers"},
-		// Column by column (issue 38): the writer inserts an event's own
+		// Column by column: the writer inserts an event's own
 		// columns only, never its delivery state or its place in the order;
 		// the relay changes the delivery columns only, never what was
 		// committed.

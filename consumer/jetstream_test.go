@@ -266,7 +266,7 @@ func TestJetStreamTransientFailureKeepsOrder(t *testing.T) {
 	}
 }
 
-// Issue 23, case 3: a partition owner cut from Redis (its lease store)
+// A partition owner cut from Redis (its lease store)
 // while NATS stays reachable loses its lease to another consumer. It must
 // not go on fetching from the partition's durable: what it fetched would
 // wait out its ack wait while the new owner applies the messages after

@@ -15,7 +15,7 @@ import (
 	"github.com/tedbank/outbox/internal/tcpproxy"
 )
 
-// Issue 23, case 4: a consumer stalls past its name lease (cut from Redis),
+// A consumer stalls past its name lease (cut from Redis),
 // a supervisor starts a second process under the same name, and the first
 // comes back. The first must stand down for good, and say so (Run returns
 // ErrNameInUse); the partition changes hands once; every event takes

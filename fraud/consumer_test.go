@@ -336,7 +336,7 @@ var windowMember = regexp.MustCompile(`^\d+\|\d{8}\|-?\d+\|\d+\|[ar]\|[0-9a-f-]{
 // late arrival still sends one of them to review. The formats: members
 // 'amount:event_id:transfer_id' (before the window entries), and numbered
 // members with their entries in a hash and the approved ones in a second
-// sorted set (until 2026-12-04).
+// sorted set (the layout before the current one).
 func TestWindowOfTheEarlierFormatIsConverted(t *testing.T) {
 	for _, numbered := range []bool{false, true} {
 		name := "amount members"

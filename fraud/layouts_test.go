@@ -12,7 +12,7 @@ import (
 	"github.com/tedbank/outbox/partition"
 )
 
-// Issue 23, case 5: an event applied under P = 1 is published again after
+// An event applied under P = 1 is published again after
 // the documented switch to P = 4 (a relay killed between its XADD and its
 // mark; the reaped row goes to the new layout's stream). Its marker lives
 // under the old layout's prefix; it must still be found, and the event

@@ -17,7 +17,7 @@ import (
 
 // A review is counted (outbox_fraud_events_processed_total{verdict="review"})
 // and logged at DEBUG only: at INFO a burst of reviews no longer floods the
-// log (issue 40: 5,589 of 5,593 lines of one run).
+// log (5,589 of 5,593 lines of one run were reviews).
 func TestReviewIsCountedAndLoggedAtDebug(t *testing.T) {
 	t.Parallel()
 	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {

@@ -15,7 +15,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-// The effect script as it was on 2026-12-03, when a sender's window held
+// The effect script of an earlier version (testdata, named by its date), when a sender's window held
 // arrival numbers with their entries in a hash (testdata).
 //
 //go:embed testdata/effect-2026-12-03.lua

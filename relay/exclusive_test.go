@@ -15,7 +15,7 @@ import (
 	"github.com/tedbank/outbox/relay"
 )
 
-// Issue 23, case 6: relays claiming rows and relays leasing partitions never
+// Relays claiming rows and relays leasing partitions never
 // run side by side on one database (a claimer's 'publishing' row does not
 // hold back an owner's read of the next event of its key). A relay of the
 // other ownership refuses to start while one runs, whichever starts first;

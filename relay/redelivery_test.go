@@ -17,7 +17,7 @@ import (
 	"github.com/tedbank/outbox/internal/outboxtest"
 )
 
-// Issue 23, case 6: the redelivery window is a bound. An event that may
+// The redelivery window is a bound. An event that may
 // have reached the broker longer than the window ago, never marked
 // published, is not published again (its consumers' dedupe records may be
 // gone): it goes dead with the reason, and the later events of its key go

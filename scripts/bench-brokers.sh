@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's figures, in one session: Redis Streams against NATS JetStream
+# The brokers' figures, in one session: Redis Streams against NATS JetStream
 # (drain, consume, commit -> verdict latency) and the PostgreSQL inbox
 # against anti-fraud's Lua scripts (consume), each case --runs 3 (medians).
 # Needs DATABASE_URL (a user allowed to CREATE DATABASE), REDIS_URL and

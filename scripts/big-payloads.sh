@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Big payloads (issue 38): a SQL writer's burst of 200 events of 5 MB each,
+# Big payloads: a SQL writer's burst of 200 events of 5 MB each,
 # then 5 TEDs of other keys; one relay (default ownership) started on the
 # backlog. Prints when the 5 TEDs were published, when all 205 were, and the
 # relay's peak RSS. Give it a binary to compare builds (default: this tree's).

@@ -1,4 +1,4 @@
--- Times fraud/effect.lua's own Lua work outside Redis (issue 26: anti-fraud
+-- Times fraud/effect.lua's own Lua work outside Redis (anti-fraud
 -- spends about 30 µs of Redis per event, of which the commands inside the
 -- script are under half). redis.call is a small in-memory stub; its own
 -- cost, measured apart with as many calls, is subtracted (an underestimate:

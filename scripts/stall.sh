@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A stalled relay (issue 38): two relays, TEDs at 100/s for 25 s, one relay
+# A stalled relay: two relays, TEDs at 100/s for 25 s, one relay
 # SIGSTOPped 5 s in for 15 s (a VM pause, a long GC, swap: its connections
 # stay open), then SIGCONT. Prints, per ownership, how many events waited
 # over 1 s from their commit to their publication (published_at, set with

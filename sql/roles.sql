@@ -27,7 +27,7 @@ $$;
 GRANT USAGE ON SCHEMA public TO outbox_writer, outbox_relay, outbox_admin;
 
 GRANT SELECT, INSERT ON transfers TO outbox_writer;
--- Column by column (issue 38). Revoked first: a database set up by an
+-- Column by column. Revoked first: a database set up by an
 -- earlier version of this file granted the whole rows.
 REVOKE INSERT ON outbox_messages FROM outbox_writer;
 GRANT INSERT (id, aggregate_type, aggregate_id, event_type, payload, headers, partition_key)

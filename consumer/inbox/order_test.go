@@ -115,7 +115,7 @@ func inOrder(applied, want []uuid.UUID) string {
 	return ""
 }
 
-// Issue 23, case 1: a read returns a sender's TED #1 (to account X) and
+// A read returns a sender's TED #1 (to account X) and
 // TED #2 (to Y); X's row is locked, so #1 fails with a lock timeout and the
 // batch falls back to a transaction per message. #2 must not take effect
 // before #1: it is held, and so is #4, read later while #1 is still
@@ -161,7 +161,7 @@ func TestFailedMessageHoldsItsKeyBack(t *testing.T) {
 	}
 }
 
-// Issue 23, cases 1 and 2, as a running consumer meets them, on both
+// The case above, and a failure that keeps failing, as a running consumer meets them, on both
 // brokers: X's row is locked for a while; a sender's TED #1 (to X) keeps
 // failing and waits out its retry backoff while the consumer reads on: its
 // #2 in the same read and #4 settled later must not take effect before it,

@@ -93,12 +93,12 @@ const (
 	RedisKill       = "redis-kill"
 	RedisOOM        = "redis-oom"
 	BusyError       = "busy-error"
-	// Issue 38: a relay or consumer stopped (SIGSTOP) with its connections
+	// A relay or consumer stopped (SIGSTOP) with its connections
 	// open, then continued; a relay's and consumers' PostgreSQL sessions
 	// terminated again and again.
 	Stall  = "stall"
 	PGFlap = "pg-flap"
-	// Issue 38 too: 18 MiB of big payloads from a SQL writer; a long
+	// 18 MiB of big payloads from a SQL writer; a long
 	// transaction holding the horizon while a backlog drains; Redis back
 	// without its last seconds, repaired with reconcile and republish
 	// (datafaults.go).

@@ -1,6 +1,6 @@
 -- Every outbox row has a partition key: the unit of order downstream. Events
 -- with one partition key are meant to reach consumers in the order they were
--- written (issue 10 builds the partitioned streams and ordered relays on it);
+-- written (the partitioned streams and the ordered relays are built on it);
 -- for transfer.settled it is the sender account, so that one sender's TEDs
 -- are judged in settled order.
 --

@@ -1,4 +1,4 @@
--- The redelivery window as a bound (issue 23): consumers keep their dedupe
+-- The redelivery window as a bound: consumers keep their dedupe
 -- records for a time (anti-fraud's --dedupe-ttl, the inbox's retention) and
 -- refuse one shorter than the relays' redelivery window, so a relay must
 -- never publish an event again later than that window after it may first

@@ -1,5 +1,5 @@
--- A lighter notify trigger (issue 26: writers at 32 clients, notify idle
--- against off).
+-- A lighter notify trigger (for the writers' throughput at 32 clients,
+-- notify idle against off).
 --
 -- The trigger of 0006 runs on every statement that inserts outbox rows, so
 -- its cost is paid by every settlement. Two parts of it were work a writer
@@ -22,7 +22,7 @@
 -- (0), take the shared advisory lock and read it again; notify unless it is
 -- still 0. pgbench of one-insert transactions at 32 clients, the flag at 0,
 -- four alternating rounds: this function 1.04-1.11 times the throughput of
--- 0006's (docs/log.md, 2026-12-05).
+-- 0006's (docs/log.md).
 --
 -- The writers' privilege is the same: pg_sequence_last_value needs SELECT
 -- (or USAGE) on the sequence, which sql/roles.sql grants outbox_writer.

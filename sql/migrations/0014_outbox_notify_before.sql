@@ -1,12 +1,12 @@
 -- The notify trigger fires BEFORE the inserting statement, not after it
--- (issue 26: writers at 32 clients, notify idle against off).
+-- (for the writers' throughput at 32 clients, notify idle against off).
 --
 -- An AFTER trigger, even a statement-level one, goes through PostgreSQL's
 -- after-trigger queue: the statement's event is saved, and the function runs
 -- from the queue when the statement ends. A BEFORE statement trigger runs at
 -- once. `outbox bench writers --writers 32 --modes off,idle`, three rounds
 -- alternating with the AFTER trigger of 0013: 0.949-0.956 of notify off
--- against 0.878-0.911 (docs/log.md, 2026-12-05 afternoon).
+-- against 0.878-0.911 (docs/log.md).
 --
 -- The protocol is unchanged (0006, 0013). It does not depend on when in its
 -- transaction a writer reads the flag, only that the shared lock, when

@@ -1,5 +1,4 @@
--- Every transfer.settled row is keyed by its sender (issue 38, "keys from
--- any writer").
+-- Every transfer.settled row is keyed by its sender, whoever wrote it.
 --
 -- Anti-fraud judges a sender's TEDs in one partition, the one its account
 -- hashes to, in settled order; transfer.Settle writes partition_key = the

@@ -1,4 +1,4 @@
--- Big payloads (issue 38): a size the relays can batch by, and a limit.
+-- Big payloads: a size the relays can batch by, and a limit.
 --
 -- The relays bound a batch by payload bytes as well as rows
 -- (relay.Config.BatchBytes; relay_claim.sql, relay_read.sql). Reading the

@@ -1,4 +1,4 @@
--- Repair (issue 38): the audit of events republished by an operator.
+-- Repair: the audit of events republished by an operator.
 --
 -- A Redis that loses entries it acknowledged (restarted without an
 -- append-only file, a failover to a replica that did not have them) leaves

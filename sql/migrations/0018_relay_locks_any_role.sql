@@ -1,4 +1,4 @@
--- The relays' advisory locks, taken by another role, do no harm (issue 38).
+-- The relays' advisory locks, taken by another role, do no harm.
 --
 -- PostgreSQL grants its advisory lock functions to every role and has no
 -- grant for one lock key: a writer's session (or any other) can take the

@@ -1,4 +1,4 @@
--- The relays read from a floor, not from the oldest index entry (issue 38).
+-- The relays read from a floor, not from the oldest index entry.
 --
 -- While a transaction holds the xmin horizon (a long report, a migration, a
 -- session idle in transaction), PostgreSQL keeps every row version that a
