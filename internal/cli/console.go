@@ -52,6 +52,8 @@ func runConsole(ctx context.Context, e *env, args []string) error {
 	if !isSet(fs, "samples") {
 		opts.Samples = 20 // a page has room for more than a terminal
 	}
+	// Every 2 s per open page: read what the backlog costs, not the table.
+	opts.Light = true
 	srv := &consoleServers{c: &c, broker: broker, log: log}
 	defer srv.close()
 	ln, err := net.Listen("tcp", *addr)

@@ -122,6 +122,9 @@ func TestConsoleInABrowser(t *testing.T) {
 	if verdict != "delivering" || !strings.Contains(relays, "alive") || members != "c1" {
 		t.Fatalf("the page shows verdict %q, relays %q, members %q", verdict, relays, members)
 	}
+	if published := text(t, ctx, `[data-figure="published"] dd`); !strings.HasPrefix(published, "not counted") {
+		t.Fatalf("the page counts the published rows (%q): a page left open must not scan the table", published)
+	}
 
 	// Requeue the dead event through the page.
 	requeue := func(button string, who, why string) {

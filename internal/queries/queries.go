@@ -81,7 +81,8 @@ var (
 	relayStalled             = prepare("relay_stalled", "pids", "stall_ms")
 	status                   = prepare("status", "aggregate_type")
 	statusListeningRelays    = prepare("status_listening_relays")
-	statusRelayPartitions    = prepare("status_relay_partitions")
+	statusLight              = prepare("status_light", "aggregate_type")
+	statusRelayPartitions    = prepare("status_relay_partitions", "max_rows")
 	statusRelays             = prepare("status_relays")
 	statusRetrying           = prepare("status_retrying", "aggregate_type", "max_rows")
 	settlePlain              = prepare("settle_plain", "id", "from_account", "to_account", "amount_cents", "event_id")
@@ -344,9 +345,14 @@ func StatusListeningRelays() Statement {
 	return statusListeningRelays.with()
 }
 
+// StatusLight is queries/status_light.sql.
+func StatusLight(aggregateType string) Statement {
+	return statusLight.with(aggregateType)
+}
+
 // StatusRelayPartitions is queries/status_relay_partitions.sql.
-func StatusRelayPartitions() Statement {
-	return statusRelayPartitions.with()
+func StatusRelayPartitions(maxRows int64) Statement {
+	return statusRelayPartitions.with(maxRows)
 }
 
 // StatusRelays is queries/status_relays.sql.

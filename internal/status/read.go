@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -35,7 +36,15 @@ type Options struct {
 	Broker string
 	// Samples is how many retrying and dead rows to list (0: none).
 	Samples int
+	// Light reads what costs the backlog, not the table, for a caller that
+	// reads often (the console): the published rows are not counted
+	// (Status.PublishedCounted false), and each slot's backlog is counted
+	// among the oldest LightSlotRows unpublished rows only.
+	Light bool
 }
+
+// LightSlotRows bounds the rows whose slot Options.Light counts.
+const LightSlotRows = 50_000
 
 // New returns the Status for opts, nothing read yet.
 func New(opts Options) *Status {
@@ -49,6 +58,7 @@ func New(opts Options) *Status {
 		RetryingEvents: []RetryingEvent{}, DeadEvents: []admin.DeadEvent{}, Members: []Member{},
 		ByPartition: make([]Partition, n),
 		samples:     max(opts.Samples, 0),
+		light:       opts.Light,
 	}
 	for p := range st.ByPartition {
 		st.ByPartition[p] = Partition{Partition: p, Stream: partition.Stream(opts.Stream, p, opts.Partitions)}
@@ -63,11 +73,19 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 		samples = 1 // the queries' LIMIT wants a row; the lists are emptied below
 		defer func() { st.RetryingEvents, st.DeadEvents = st.RetryingEvents[:0], st.DeadEvents[:0] }()
 	}
-	q := queries.Status(st.Aggregate)
+	q, slotRows := queries.Status(st.Aggregate), int64(math.MaxInt64)
+	if st.light {
+		q, slotRows = queries.StatusLight(st.Aggregate), LightSlotRows
+	}
+	var published *int64
 	err := pool.QueryRow(ctx, q.SQL, q.Args...).
-		Scan(&st.Pending, &st.Publishing, &st.Published, &st.Dead, &st.OldestPendingSeconds, &st.Retrying)
+		Scan(&st.Pending, &st.Publishing, &published, &st.Dead, &st.OldestPendingSeconds, &st.Retrying)
 	if err != nil {
 		return fmt.Errorf("read outbox status: %w", err)
+	}
+	st.Published, st.PublishedCounted = 0, published != nil
+	if published != nil {
+		st.Published = *published
 	}
 	q = queries.StatusListeningRelays()
 	if err := pool.QueryRow(ctx, q.SQL, q.Args...).Scan(&st.ListeningRelays); err != nil {
@@ -89,7 +107,7 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("read the relays: %w", err)
 	}
-	q = queries.StatusRelayPartitions()
+	q = queries.StatusRelayPartitions(slotRows)
 	rows, err = pool.Query(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("read the relays' partition slots: %w", err)

@@ -29,10 +29,13 @@ type Status struct {
 
 	// Aggregate: the aggregate type the outbox figures are of ("": every
 	// type).
-	Aggregate            string  `json:"aggregate,omitempty"`
-	Pending              int64   `json:"pending"`
-	Publishing           int64   `json:"publishing"`
-	Published            int64   `json:"published"`
+	Aggregate  string `json:"aggregate,omitempty"`
+	Pending    int64  `json:"pending"`
+	Publishing int64  `json:"publishing"`
+	Published  int64  `json:"published"`
+	// PublishedCounted: Published was counted (a read with Options.Light,
+	// the console's, does not count the published rows: 0).
+	PublishedCounted     bool    `json:"published_counted"`
 	Dead                 int64   `json:"dead"`
 	Retrying             int64   `json:"retrying"` // unpublished rows that failed at least once
 	OldestPendingSeconds float64 `json:"oldest_pending_seconds"`
@@ -93,7 +96,8 @@ type Status struct {
 	// PostgresReadFailed: PostgreSQL answered, and a query failed.
 	PostgresReadFailed bool `json:"-"`
 
-	samples int // rows of each kind to list (Options.Samples)
+	samples int  // rows of each kind to list (Options.Samples)
+	light   bool // Options.Light
 }
 
 // Relay is one relay known to the database.

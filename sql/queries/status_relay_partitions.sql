@@ -2,18 +2,23 @@
 -- slot's owner while its lease runs (NULL: free), whether that owner's
 -- backend is alive (outbox_live_relays; a lease taken while the relay's
 -- LISTEN connection was down has no pid of its own: its member row's, and
--- a member without a pid is alive while its membership runs), the seconds left on the lease, and
--- the unpublished rows of the slot with the age of its oldest one (the
--- slot's lag). It hashes every unpublished row's partition key: cheap while
--- the outbox keeps up, a second or so per million rows of backlog.
+-- a member without a pid is alive while its membership runs), the seconds
+-- left on the lease, and the unpublished rows of the slot among the oldest
+-- @max_rows unpublished rows, with the age of its oldest one (the slot's
+-- lag). It hashes those rows' partition keys (the partial index
+-- outbox_messages_unpublished, in seq order): a second or so per million
+-- rows of backlog, so a caller that reads often bounds @max_rows.
 WITH n AS (
     SELECT count(*)::int AS slots FROM outbox_relay_partitions
 ), waiting AS (
     SELECT outbox_relay_slot(coalesce(partition_key, aggregate_id), (SELECT slots FROM n)) AS slot,
            count(*) AS waiting,
            extract(epoch FROM now() - min(created_at))::float8 AS oldest
-      FROM outbox_messages
-     WHERE unpublished
+      FROM (SELECT partition_key, aggregate_id, created_at
+              FROM outbox_messages
+             WHERE unpublished
+             ORDER BY seq
+             LIMIT @max_rows::bigint) u
      GROUP BY 1
 )
 SELECT p.slot,

@@ -74,7 +74,8 @@ function draw(state) {
 
   figures("backlog", [
     ["pending", st.pending], ["publishing", st.publishing], ["retrying", st.retrying], ["dead", st.dead],
-    ["published", st.published], ["oldest pending", seconds(st.oldest_pending_seconds)],
+    ["published", st.published_counted ? st.published : "not counted (outbox status counts it)"],
+    ["oldest pending", seconds(st.oldest_pending_seconds)],
     ["live relays", st.live_relays],
   ]);
   fill("relays", st.relays.map((r) => row(
