@@ -86,10 +86,11 @@ bench-results: build
 	mv docs/charts/results.jsonl.new docs/charts/results.jsonl
 	$(MAKE) charts
 
-# The product binary: no fail points, no Docker client, stripped of its
-# symbol table and DWARF (panics still print full stack traces).
+# The product binary, bin/outbox: no fail points, no Docker client, stripped
+# of its symbol table and DWARF (panics still print full stack traces); and
+# the README's example consumer, bin/billing.
 build:
-	$(GO) build -trimpath -ldflags='-s -w' -o bin/outbox ./cmd/outbox
+	$(GO) build -trimpath -ldflags='-s -w' -o bin/ ./cmd/outbox ./docs/examples/billing
 
 vet:
 	$(GO) vet ./...

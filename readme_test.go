@@ -21,8 +21,13 @@ func TestReadmeConsumerCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), "("+example+")") || !strings.Contains(string(readme), "go build -o bin/billing ./"+filepath.Dir(example)) {
-		t.Fatalf("README.md does not link %s and build it (TestWalkthroughsRunAsWritten runs it)", example)
+	makefile, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "("+example+")") || !strings.Contains(string(readme), "bin/billing & billing=$!") ||
+		!strings.Contains(string(makefile), "./"+filepath.Dir(example)) {
+		t.Fatalf("README.md does not link %s and run it as bin/billing, or make build does not build it (TestWalkthroughsRunAsWritten runs it)", example)
 	}
 	if _, err := os.Stat(example); err != nil {
 		t.Fatal(err)
