@@ -55,8 +55,11 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 	read := unpublishedIndexReads(t, f.Pool) - before
 	t.Logf("%d index entries read over %d drains behind %d published rows", read, drains, n)
 	if read > 8*n {
-		t.Fatalf("%d drains read %d entries of the unpublished indexes: the reads walk the %d entries the marks left (want at most %d)",
-			drains, read, n, 8*n)
+		// What the relay did, for a failure seen once and not reproduced
+		// (docs/log.md, seventh session): a read that failed, rows given
+		// back or reaped would each explain walks from the floor's start.
+		t.Fatalf("%d drains read %d entries of the unpublished indexes: the reads walk the %d entries the marks left (want at most %d); the relay: %+v, ownership %s",
+			drains, read, n, 8*n, r.Stats(), r.Ownership())
 	}
 }
 
