@@ -316,16 +316,21 @@ func Run(ctx context.Context, pool *pgxpool.Pool, rdb redis.Cmdable, opt Options
 	return rep, nil
 }
 
-// checkCleanedUp looks up the verdicts of transfers settled before the
-// cleanup horizon whose event is gone: a verdict says the event was
-// published and judged, then cleaned up; none, that it is missing.
-func checkCleanedUp(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs []row, rep *Report) error {
+// verdictsOf reads anti-fraud's verdicts of the transfers of rs ("": none).
+func verdictsOf(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs []row) ([]string, error) {
 	ids := make([]string, len(rs))
 	senders := make([]string, len(rs))
 	for i, r := range rs {
 		ids[i], senders[i] = *r.TransferID, *r.FromAccount
 	}
-	vals, err := fraud.ReadVerdictsOf(ctx, rdb, keys, ids, senders)
+	return fraud.ReadVerdictsOf(ctx, rdb, keys, ids, senders)
+}
+
+// checkCleanedUp looks up the verdicts of transfers settled before the
+// cleanup horizon whose event is gone: a verdict says the event was
+// published and judged, then cleaned up; none, that it is missing.
+func checkCleanedUp(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs []row, rep *Report) error {
+	vals, err := verdictsOf(ctx, rdb, keys, rs)
 	if err != nil {
 		return err
 	}
@@ -333,7 +338,7 @@ func checkCleanedUp(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs 
 		if v != "" {
 			rep.CleanedUp++
 		} else {
-			rep.MissingEvent.add(ids[i])
+			rep.MissingEvent.add(*rs[i].TransferID)
 		}
 	}
 	return nil
@@ -342,12 +347,7 @@ func checkCleanedUp(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, rs 
 // checkVerdicts looks up the verdicts of published events' transfers, and
 // for those without one, whether their stream entry is still there.
 func checkVerdicts(ctx context.Context, rdb redis.Cmdable, keys fraud.Keys, stream string, rs []row, rep *Report, listLost bool) error {
-	ids := make([]string, len(rs))
-	senders := make([]string, len(rs))
-	for i, r := range rs {
-		ids[i], senders[i] = *r.TransferID, *r.FromAccount
-	}
-	vals, err := fraud.ReadVerdictsOf(ctx, rdb, keys, ids, senders)
+	vals, err := verdictsOf(ctx, rdb, keys, rs)
 	if err != nil {
 		return err
 	}

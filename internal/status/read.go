@@ -154,8 +154,7 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 
 // ReadRedisStreams reads each partition's stream and consumer group.
 func (st *Status) ReadRedisStreams(ctx context.Context, rdb redis.Cmdable) error {
-	st.GroupExists = true
-	st.StreamLength, st.GroupPending, st.GroupLag = 0, 0, 0
+	defer st.sumPartitions()
 	for p := range st.ByPartition {
 		ps := &st.ByPartition[p]
 		var err error
@@ -181,10 +180,6 @@ func (st *Status) ReadRedisStreams(ctx context.Context, rdb redis.Cmdable) error
 				ps.GroupLag = int64(len(after))
 			}
 		}
-		st.StreamLength += ps.StreamLength
-		st.GroupPending += ps.GroupPending
-		st.GroupLag += ps.GroupLag
-		st.GroupExists = st.GroupExists && ps.GroupExists
 	}
 	return nil
 }
@@ -225,14 +220,12 @@ func (st *Status) ReadConsumers(ctx context.Context, rdb redis.Cmdable) error {
 // messages) and the group's durable consumer of it (acknowledged pending,
 // and lag: not yet delivered).
 func (st *Status) ReadJetStream(ctx context.Context, js jetstream.JetStream) error {
-	st.GroupExists = true
-	st.StreamLength, st.GroupPending, st.GroupLag = 0, 0, 0
+	defer st.sumPartitions()
 	for p := range st.ByPartition {
 		ps := &st.ByPartition[p]
 		name, err := js.StreamNameBySubject(ctx, ps.Stream)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			st.GroupExists = false
-			continue // no relay has created it yet
+			continue // no relay has created it yet: no group either
 		}
 		if err != nil {
 			return fmt.Errorf("find the JetStream stream of %s: %w", ps.Stream, err)
@@ -249,18 +242,26 @@ func (st *Status) ReadJetStream(ctx context.Context, js jetstream.JetStream) err
 		cons, err := natssource.Durable(ctx, js, name, st.Group, p)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			st.GroupExists = false
 		case err != nil:
 			return fmt.Errorf("read the group's durable consumer: %w", err)
 		default:
 			ci := cons.CachedInfo()
 			ps.GroupExists, ps.GroupPending, ps.GroupLag = true, int64(ci.NumAckPending), int64(ci.NumPending)
 		}
+	}
+	return nil
+}
+
+// sumPartitions sets the stream's and the group's figures to the sums of
+// the partitions' (the group exists when it does on every partition).
+func (st *Status) sumPartitions() {
+	st.StreamLength, st.GroupPending, st.GroupLag, st.GroupExists = 0, 0, 0, true
+	for _, ps := range st.ByPartition {
 		st.StreamLength += ps.StreamLength
 		st.GroupPending += ps.GroupPending
 		st.GroupLag += ps.GroupLag
+		st.GroupExists = st.GroupExists && ps.GroupExists
 	}
-	return nil
 }
 
 // Servers are the servers Read reads: each one nil when it could not be
