@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tedbank/outbox/admin"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/relay"
 )
@@ -25,6 +27,14 @@ import (
 // events were published: before, each of the 40 claims walked the 3,000
 // entries (about 120,000); now the first few reads do, until the floor has
 // moved twice.
+//
+// The statistics are taken once the backlog is published, as autovacuum
+// does on an idle outbox, at a moment no test can choose: they put almost
+// nothing in the partial indexes, and the planner then read the floor's
+// range through the per-key index and each key's check through a scan of
+// a whole index, for every row read (migration 0022). That is how this
+// test once failed in make test, 75,290 entries read: where autovacuum had
+// analyzed the table during the test.
 func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 	t.Parallel()
 	const n, drains = 3000, 20
@@ -38,6 +48,7 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 		t.Fatalf("published %d of %d", got, n)
 	}
 	closePool(f, firstPool, "floor-first")
+	f.Exec("ANALYZE outbox_messages")
 
 	before := unpublishedIndexReads(t, f.Pool)
 	r, pool := relayOnPool(f, "floor-second")
@@ -55,9 +66,6 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 	read := unpublishedIndexReads(t, f.Pool) - before
 	t.Logf("%d index entries read over %d drains behind %d published rows", read, drains, n)
 	if read > 8*n {
-		// What the relay did, for a failure seen once and not reproduced
-		// (docs/log.md, seventh session): a read that failed, rows given
-		// back or reaped would each explain walks from the floor's start.
 		t.Fatalf("%d drains read %d entries of the unpublished indexes: the reads walk the %d entries the marks left (want at most %d); the relay: %+v, ownership %s",
 			drains, read, n, 8*n, r.Stats(), r.Ownership())
 	}
@@ -224,13 +232,15 @@ func closePool(f *fixture, pool *pgxpool.Pool, name string) {
 }
 
 // unpublishedIndexReads is how many entries of the partial indexes of
-// unpublished rows the scans read, as the statistics have them.
+// unpublished rows (and of rows waiting for a retry) the scans read, as
+// the statistics have them.
 func unpublishedIndexReads(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
 	err := pool.QueryRow(context.Background(), `SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
 		WHERE relname = 'outbox_messages'
-		  AND indexrelname IN ('outbox_messages_unpublished', 'outbox_messages_unpublished_by_partition')`).Scan(&n)
+		  AND indexrelname IN ('outbox_messages_unpublished', 'outbox_messages_unpublished_by_partition',
+		                       'outbox_messages_retrying')`).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,9 +272,31 @@ func assertKeyOrder(t *testing.T, entries []relaytest.FirstEntry, key string, wa
 // and sorted them: 1.8 s a read over 116,000 rows.
 func TestBacklogUnderStaleStatisticsIsReadInOrder(t *testing.T) {
 	t.Parallel()
+	drainStaleBacklog(t, 0)
+}
+
+// The same, with statistics taken while the outbox held only published
+// rows (the usual state when autovacuum analyzes it), behind a long
+// transaction that keeps their index entries: the reads skip those entries
+// (migration 0022), as with fresh statistics.
+func TestBacklogUnderStatisticsOfAPublishedOutbox(t *testing.T) {
+	t.Parallel()
+	drainStaleBacklog(t, 3000)
+}
+
+// drainStaleBacklog analyzes an outbox of the given number of published rows of ten
+// keys, held back by a long transaction when published > 0, then drains a
+// backlog of 20,000 events of 20,000 keys the statistics do not know of,
+// and fails when the reads walked more than 4 index entries per event.
+func drainStaleBacklog(t *testing.T, published int) {
 	const n = 20_000
 	f := newFixture(t)
 	f.Exec("ALTER TABLE outbox_messages SET (autovacuum_enabled = false)")
+	if published > 0 {
+		holdHorizon(t, f.Pool)
+		insertEvents(t, f.Pool, "history", published)
+		f.Exec("UPDATE outbox_messages SET status = 'published', published_at = now()")
+	}
 	f.Exec("ANALYZE outbox_messages")
 	if _, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
 		SELECT 'floor', 'k' || g, 'x', '{}', 'k' || g FROM generate_series(1, $1::int) g`, n); err != nil {
@@ -281,5 +313,56 @@ func TestBacklogUnderStaleStatisticsIsReadInOrder(t *testing.T) {
 	if read > 4*n {
 		t.Fatalf("draining %d events read %d entries of the unpublished indexes (want at most %d): each read scanned every pending row",
 			n, read, 4*n)
+	}
+}
+
+// While the floor has passed writers over (its hole), a partition owner's
+// read leaves out a key's later event when an earlier one of the key lies
+// in the hole: committed between the floor's move and the read's snapshot,
+// that earlier event is visible to the read but below where it starts. The
+// read's second check (relay_read.sql), run with the settings of such a
+// moment: the hole from the earlier event, the floor past it.
+func TestReadLeavesOutAKeysEventBehindOneInTheHole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	early := writeEvent(t, f, nil, "held")
+	later := writeEvent(t, f, nil, "held")
+	other := writeEvent(t, f, nil, "free")
+	seq := func(id uuid.UUID) int64 {
+		var s int64
+		if err := f.Pool.QueryRow(f.Ctx, "SELECT seq FROM outbox_messages WHERE id = $1", id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tx, err := f.Pool.Begin(f.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(f.Ctx) }()
+	if _, err := tx.Exec(f.Ctx, `SELECT set_config('outbox.read_from', $1, true), set_config('outbox.keys_from', $2, true),
+		       set_config('outbox.requeues', coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text, true)`,
+		strconv.FormatInt(seq(later), 10), strconv.FormatInt(seq(early), 10)); err != nil {
+		t.Fatal(err)
+	}
+	st := queries.RelayRead(10, 1, []int32{0}, nil, time.Hour.Milliseconds(), 1<<20)
+	rows, err := tx.Query(f.Ctx, st.SQL, st.Args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read []uuid.UUID
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		read = append(read, uuid.UUID(vals[0].([16]byte)))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(read, []uuid.UUID{other}) {
+		t.Fatalf("the read took %v; want only the other key's event %v (the held key's later event %v waits for %v, in the hole)",
+			read, other, later, early)
 	}
 }

@@ -172,10 +172,14 @@ BEGIN
             END IF;
             -- A statement of its own, so a snapshot taken after the
             -- writers were seen gone.
-            SELECT min(o.seq) INTO lowest
+            -- ORDER BY ... LIMIT 1, not min(): the first entry of the
+            -- index from the floor, whatever the statistics say.
+            SELECT o.seq INTO lowest
               FROM outbox_messages o
              WHERE o.unpublished
-               AND o.seq >= floor_seq;
+               AND o.seq >= floor_seq
+             ORDER BY o.seq
+             LIMIT 1;
             floor_seq := greatest(floor_seq, least(lowest, mark + 1));
             mark := NULL;
         END IF;
@@ -532,7 +536,7 @@ CREATE INDEX outbox_messages_dead ON public.outbox_messages USING btree (seq) WH
 
 -- INDEX outbox_messages_retrying
 
-CREATE INDEX outbox_messages_retrying ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE (unpublished AND (attempts > 0));
+CREATE INDEX outbox_messages_retrying ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE ((attempts > 0) AND (published_at IS NULL) AND (NOT dead));
 
 -- INDEX outbox_messages_sent_unmarked
 
@@ -544,7 +548,7 @@ CREATE INDEX outbox_messages_unpublished ON public.outbox_messages USING btree (
 
 -- INDEX outbox_messages_unpublished_by_partition
 
-CREATE INDEX outbox_messages_unpublished_by_partition ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE unpublished;
+CREATE INDEX outbox_messages_unpublished_by_partition ON public.outbox_messages USING btree (aggregate_type, COALESCE(partition_key, aggregate_id), seq) WHERE ((published_at IS NULL) AND (NOT dead));
 
 -- INDEX outbox_republished_event
 

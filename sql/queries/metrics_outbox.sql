@@ -1,7 +1,8 @@
 -- Outbox state for metrics, cheap on any table size: the unpublished rows come
 -- from the partial index outbox_messages_unpublished, dead rows from
 -- outbox_messages_dead. retrying: unpublished rows that failed at least once
--- and wait for their retry (attempts > 0), the rows with repeated failures.
+-- and wait for their retry (attempts > 0), the rows with repeated failures,
+-- from outbox_messages_retrying (its predicate, migration 0022).
 -- oldest_transaction_seconds: the age of the oldest transaction of the
 -- database's client sessions that holds back the xmin horizon (a snapshot,
 -- or a transaction id), this scrape's own aside: while it is open every
@@ -13,7 +14,7 @@ SELECT (SELECT count(*) FROM outbox_messages WHERE unpublished AND status = 'pen
        (SELECT count(*) FROM outbox_messages WHERE dead)                                  AS dead,
        coalesce((SELECT extract(epoch FROM now() - min(created_at))
                    FROM outbox_messages WHERE unpublished AND status = 'pending'), 0)::float8 AS oldest_pending_seconds,
-       (SELECT count(*) FROM outbox_messages WHERE unpublished AND attempts > 0)         AS retrying,
+       (SELECT count(*) FROM outbox_messages WHERE attempts > 0 AND published_at IS NULL AND NOT dead) AS retrying,
        coalesce((SELECT extract(epoch FROM now() - min(xact_start))
                    FROM pg_stat_activity
                   WHERE datname = current_database()

@@ -10,7 +10,13 @@
 -- aggregate type and partition key (NULL: the aggregate id) is still
 -- unpublished, which keeps per-partition-key order across relays, failures
 -- and backoff (a batch holds at most one event per partition key).
--- unpublished: the partial indexes' predicate (migration 0007).
+-- unpublished, published_at IS NULL AND NOT dead: the same rows, each the
+-- predicate of the index that must answer its part, the read in seq order
+-- (outbox_messages_unpublished) and the key's check
+-- (outbox_messages_unpublished_by_partition), and no other, whatever the
+-- statistics say (migration 0022).
+-- OFFSET 0: the check stays a probe of the row's own key, run for each row
+-- read (an anti-join may scan the whole index for each).
 -- outbox_relay_read_from, outbox_relay_keys_from: the relay's floor (migration
 -- 0019), set by outbox_relay_floor earlier in the claim's transaction: rows
 -- below it are published or dead, so neither the read nor the key's check
@@ -51,7 +57,8 @@ WITH picked AS MATERIALIZED (
               AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
               AND p.seq < o.seq
               AND p.seq >= outbox_relay_keys_from()
-              AND p.unpublished)
+              AND p.published_at IS NULL AND NOT p.dead
+           OFFSET 0)
      ORDER BY o.seq
      LIMIT @batch
        FOR UPDATE OF o SKIP LOCKED

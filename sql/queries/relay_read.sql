@@ -7,14 +7,24 @@
 -- ORDER BY seq: a slot's rows are published in commit order per partition
 -- key (writers of one key commit in seq order: outbox_lock_partitions).
 -- NOT EXISTS: a row waits while an older row of its partition key waits for
--- a retry (attempts > 0, still unpublished); the partial index of migration
--- 0010 holds only such rows, so the anti-join reads next to nothing.
+-- a retry (attempts > 0, still unpublished); the partial index
+-- outbox_messages_retrying holds only such rows, so the check reads next to
+-- nothing. Rows below the floor's keys_from are published or dead (the
+-- second NOT EXISTS says what lies between).
 -- The relay keeps the first row of each partition key and leaves the rest to
 -- its next read, so that a failed publish can never be overtaken by a later
 -- event of the same key published in the same pipeline.
 -- outbox_relay_read_from: the relay's floor, as in relay_claim.sql. The second
 -- NOT EXISTS reads its hole (rows of writers the floor passed over while they
 -- were open, migration 0019): empty unless there is one.
+-- Both checks name the predicate of their index (published_at IS NULL AND
+-- NOT dead, not unpublished: migration 0022), so that no read in seq order
+-- can answer them. The first stays an anti-join: its index holds next to
+-- nothing, read once for the whole read. The second is a probe of the
+-- row's key (OFFSET 0, as in relay_claim.sql), and runs only while there is
+-- a hole (keys_from below read_from; the two settings read once, as
+-- InitPlans): a probe per row read cost the drain a sixth of its rate
+-- (outbox bench drain, docs/log.md).
 -- next_attempt_at: against clock_timestamp(), as in relay_claim.sql.
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 -- @max_bytes: of the first row of each partition key (the relay publishes
@@ -42,19 +52,22 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                            AND NOT EXISTS (
                                SELECT 1
                                  FROM outbox_messages p
-                                WHERE p.unpublished
-                                  AND p.attempts > 0
+                                WHERE p.attempts > 0
+                                  AND p.published_at IS NULL AND NOT p.dead
                                   AND p.aggregate_type = o.aggregate_type
                                   AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
+                                  AND p.seq >= outbox_relay_keys_from()
                                   AND p.seq < o.seq)
                            AND NOT EXISTS (
                                SELECT 1
                                  FROM outbox_messages p
-                                WHERE p.unpublished
+                                WHERE (SELECT outbox_relay_keys_from()) < (SELECT outbox_relay_read_from())
+                                  AND p.published_at IS NULL AND NOT p.dead
                                   AND p.aggregate_type = o.aggregate_type
                                   AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
                                   AND p.seq >= outbox_relay_keys_from()
-                                  AND p.seq < outbox_relay_read_from())
+                                  AND p.seq < outbox_relay_read_from()
+                               OFFSET 0)
                          ORDER BY o.seq
                          LIMIT @batch) r) c
          WHERE c.nth = 1) f
