@@ -80,7 +80,7 @@ type owner struct {
 // newOwnership is the ownership named (OwnRows or OwnPartitions).
 func newOwnership(r *Relay, name string) owner {
 	if name == OwnPartitions {
-		p := &partitionLeases{r: r, leases: leases{owner: r.cfg.Name}}
+		p := newPartitionLeases(r)
 		return owner{ownership: p, leases: p}
 	}
 	return owner{ownership: rowClaims{r}}

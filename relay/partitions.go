@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,69 +12,44 @@ import (
 
 	"github.com/tedbank/outbox/internal/queries"
 	"github.com/tedbank/outbox/internal/retry"
-	"github.com/tedbank/outbox/partition"
+	"github.com/tedbank/outbox/relay/internal/leases"
 )
 
-// Partition leases (Config.Ownership = OwnPartitions; the table and its
-// rules are in sql/migrations/0010_relay_partition_leases.sql), and the
-// choice OwnAuto makes between them and row claims (resolveOwnership, at
-// the end).
-//
-// The outbox's partition keys are divided into a fixed number of slots.
-// Each relay leases its share of the slots (the number of slots divided by
-// the relays alive, rounded up) and renews the leases every
-// leaseRenewEvery; a slot whose lease ran out goes to whichever relay needs
-// one next. A relay reads its slots' publishable rows in seq order without
-// locking or updating them, publishes them, and marks them published with
-// the slot's fencing token: a relay that lost a slot to another (it stalled
-// past its lease) marks nothing. What it published meanwhile are duplicates,
-// which consumers skip; the order per key holds because every publish of a
-// key is a run of its unpublished rows in seq order, starting at the oldest.
+// Partition leases (Config.Ownership = OwnPartitions): the relay's side of
+// them. The lease protocol itself (take, renew and give back the slots,
+// read their rows, fence the marks) is package relay/internal/leases; here
+// is when the relay renews, the check that no row claimer runs before the
+// first read, the wake-ups of the relays that own the other slots, the
+// overlap of a batch's mark with the next read, and the choice OwnAuto
+// makes between partition leases and row claims (resolveOwnership, at the
+// end).
 //
 // The leases are owned by the drain goroutine: it renews them between
 // batches and while idle, so a slot is never given back with a batch of it
 // in flight.
 type partitionLeases struct {
 	r      *Relay
-	leases leases
+	leases *leases.Leases
 	// leftoversReclaimed: this relay checked that no row claimer runs and
 	// returned a dead one's claims to pending (exclusive.go).
 	leftoversReclaimed bool
 }
 
-// leases are the slots a partition owner holds.
-type leases struct {
-	owner string // Config.Name: unique among the live relays
-	slots int    // number of slots, read from the table
-	// renewed: the first renewal is done (the one that takes back, with new
-	// tokens, the slots a killed process of the same name held).
-	renewed bool
-	held    map[int]lease
-	due     time.Time // next renewal
-	// relays: the partition owners alive at the last renewal, this one
-	// included (relay_lease_share); pid, the LISTEN backend that renewal
-	// carried (0: none). The slots are this relay's while that backend
-	// lives: once it is gone, the other relays free them at once
-	// (relay_bury.sql), without waiting for the leases to run out.
-	relays int
-	pid    uint32
+func newPartitionLeases(r *Relay) *partitionLeases {
+	return &partitionLeases{r: r, leases: leases.New(r.pool, r.log, leaseHost{r}, leases.Settings{
+		Owner: r.cfg.Name, Lease: r.cfg.Lease, PublishTimeout: r.cfg.PublishTimeout, Timeout: markTimeout,
+	})}
 }
 
-// lease is one slot this relay holds: the fencing token, and until when this
-// relay may publish under it (by its own clock, measured from before the
-// renewal was sent, so never later than the database's lease_until).
-type lease struct {
-	token uuid.UUID
-	until time.Time
-}
+// leaseHost is what the leases need of their relay (leases.Host).
+type leaseHost struct{ r *Relay }
 
-// leaseRenewEvery bounds the time between renewals; a third of the lease
-// if that is shorter.
-const leaseRenewEvery = time.Second
+func (h leaseHost) OnFresh(fn func() error) error { return h.r.onFresh(fn) }
+func (h leaseHost) ListenPID() uint32             { return h.r.listener.pid.Load() }
+func (h leaseHost) Freed() queries.Statement      { return h.r.notify(h.r.freedPayload()) }
+func (h leaseHost) Held(n int)                    { h.r.cfg.Metrics.slots(n) }
 
-func (p *partitionLeases) renewEvery() time.Duration {
-	return min(leaseRenewEvery, p.r.cfg.Lease/3)
-}
+func (p *partitionLeases) renewEvery() time.Duration { return p.leases.RenewEvery() }
 
 func (*partitionLeases) lockModes() (own, other int) { return 2, 1 }
 
@@ -92,179 +66,51 @@ func (p *partitionLeases) listening() { p.r.slotsFreed.Store(true) }
 // that saw it busy: their rows may be in other slots).
 //
 // Not while it is the only relay and holds every slot, its leases all
-// current: every row is then in its slots, and there is no one to wake. A
-// NOTIFY makes its transaction's commit wait for the cluster-wide lock
-// that notifying commits take in turn, each through its WAL flush: behind
-// writers that notify (a relay that says "sleep" between short batches, at
-// a few hundred TEDs/s), every round trip of the relay's took 100 ms and
-// more. A relay that starts meanwhile gets slots only from this one's next
-// renewal (they are all held), which counts it, or once this one's LISTEN
-// backend is gone (alone checks it is the one its renewal carried), and
-// the wake-ups resume.
+// current (leases.Alone): every row is then in its slots, and there is no
+// one to wake. A NOTIFY makes its transaction's commit wait for the
+// cluster-wide lock that notifying commits take in turn, each through its
+// WAL flush: behind writers that notify (a relay that says "sleep" between
+// short batches, at a few hundred TEDs/s), every round trip of the relay's
+// took 100 ms and more. A relay that starts meanwhile gets slots only from
+// this one's next renewal (they are all held), which counts it, or once
+// this one's LISTEN backend is gone (Alone checks it is the one its
+// renewal carried), and the wake-ups resume.
 func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
-	if (op != flagNone || p.r.loop.state == saidBusy) && !p.alone(time.Now()) {
+	if (op != flagNone || p.r.loop.state == saidBusy) && !p.leases.Alone(time.Now()) {
 		queue(b, p.r.notify(p.r.wakePayload()))
 	}
-}
-
-// alone: at its last renewal this relay was the only partition owner alive
-// and it holds every slot, none of them past its lease at now, and the
-// LISTEN backend that renewal carried is still its own (a relay whose
-// backend went may have lost its slots to a joining relay already).
-func (p *partitionLeases) alone(now time.Time) bool {
-	l := &p.leases
-	if l.relays != 1 || l.slots == 0 || len(l.held) != l.slots || l.pid == 0 || l.pid != p.r.listener.pid.Load() {
-		return false
-	}
-	for _, x := range l.held {
-		if !x.until.After(now) {
-			return false
-		}
-	}
-	return true
 }
 
 // read reads the publishable rows of the slots this relay may publish now,
 // in seq order, without locking or updating them.
 func (p *partitionLeases) read(_ uuid.UUID, exclude []int64) queries.Statement {
 	r := p.r
-	return queries.RelayRead(r.batchLimit(), p.leases.slots, p.usableSlots(), append([]int64{}, exclude...),
-		r.cfg.RedeliveryWindow().Milliseconds(), r.cfg.BatchBytes)
+	return p.leases.Read(r.batchLimit(), exclude, r.cfg.RedeliveryWindow(), r.cfg.BatchBytes)
 }
 
 // admit keeps the first row of each key, each fenced by the lease of the
 // slot it was read from.
 func (p *partitionLeases) admit(_ uuid.UUID, msgs []message) ([]message, fence) {
-	msgs = firstOfEachKey(msgs)
-	f := slotLeases{slots: make([]int32, len(msgs)), tokens: make([]uuid.UUID, len(msgs))}
-	for i, m := range msgs {
-		s := partition.Of(m.PartitionKey, p.leases.slots)
-		f.slots[i], f.tokens[i] = int32(s), p.leases.held[s].token
-	}
-	return msgs, f
+	msgs, f := p.leases.Admit(msgs)
+	return msgs, slotLeases{f}
 }
 
-// slotLeases fences the marks of a batch read from leased slots: each row's
-// slot and the lease token it was read under, by its place in the batch. A
-// relay that lost a slot to another (it stalled past its lease) marks none
-// of its rows.
-type slotLeases struct {
-	slots  []int32
-	tokens []uuid.UUID
-}
-
-// of returns the slots and tokens of m's rows.
-func (f slotLeases) of(m *pendingMark) ([]int32, []uuid.UUID) {
-	slots, tokens := make([]int32, len(m.rows)), make([]uuid.UUID, len(m.rows))
-	for j, i := range m.rows {
-		slots[j], tokens[j] = f.slots[i], f.tokens[i]
-	}
-	return slots, tokens
-}
+// slotLeases fences the marks of a batch read from leased slots
+// (leases.Fence: each row's slot and the token it was read under).
+type slotLeases struct{ leases.Fence }
 
 func (f slotLeases) published(m *pendingMark) queries.Statement {
-	slots, tokens := f.of(m)
-	return queries.RelayMarkPublishedLeased(m.ids, m.streamIDs, slots, tokens)
+	return f.Published(m.ids, m.streamIDs, m.rows)
 }
 
 func (f slotLeases) failed(m *pendingMark, delays []int64, maxAttempts int) queries.Statement {
-	slots, tokens := f.of(m)
-	return queries.RelayMarkFailedLeased(m.ids, m.streamIDs, delays, slots, tokens, maxAttempts)
+	return f.Failed(m.ids, m.streamIDs, m.rows, delays, maxAttempts)
 }
 
 // release has nothing to give back: the rows were only read, and stay
 // pending for this relay's next read.
 func (*partitionLeases) release(_ context.Context, _ uuid.UUID, ids []uuid.UUID, _ error) (int, error) {
 	return len(ids), nil
-}
-
-// renewLeases renews the slots this relay holds, gives back those above its
-// share and takes free ones up to it, in one transaction. It reports whether
-// it holds more than before (the caller drains them).
-func (p *partitionLeases) renewLeases(ctx context.Context) (gained bool, _ error) {
-	r, l := p.r, &p.leases
-	ctx, cancel := context.WithTimeout(ctx, markTimeout)
-	defer cancel()
-	sent := time.Now()
-	l.due = sent.Add(p.renewEvery())
-	r.slotsFreed.Store(false)
-	leaseMS := r.cfg.Lease.Milliseconds()
-	tx, err := r.pool.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("renew partition leases: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	pid := r.listener.pid.Load()
-	held, err := collectLeases(ctx, tx, queries.RelayLeaseRenew(l.owner, leaseMS, !l.renewed, pid))
-	if err != nil {
-		return false, fmt.Errorf("renew partition leases: %w", err)
-	}
-	var slots, relays int
-	if err := queryRowIn(ctx, tx, queries.RelayLeaseShare()).Scan(&slots, &relays); err != nil {
-		return false, fmt.Errorf("partition lease share: %w", err)
-	}
-	share := (slots + max(relays, 1) - 1) / max(relays, 1)
-	var released []int
-	if len(held) > share {
-		// Give back the highest slots: the free ones are taken lowest first.
-		slices.SortFunc(held, func(a, b heldSlot) int { return a.Slot - b.Slot })
-		for _, h := range held[share:] {
-			released = append(released, h.Slot)
-		}
-		held = held[:share]
-		if _, err := execIn(ctx, tx, queries.RelayLeaseRelease(l.owner, released)); err != nil {
-			return false, fmt.Errorf("release partition leases: %w", err)
-		}
-		if _, err := execIn(ctx, tx, r.notify(r.freedPayload())); err != nil {
-			return false, fmt.Errorf("announce released partition leases: %w", err)
-		}
-	}
-	var taken []heldSlot
-	if len(held) < share {
-		taken, err = collectLeases(ctx, tx, queries.RelayLeaseAcquire(l.owner, leaseMS, share-len(held), pid))
-		if err != nil {
-			return false, fmt.Errorf("acquire partition leases: %w", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return false, fmt.Errorf("renew partition leases: %w", err)
-	}
-	before := len(l.held)
-	next := make(map[int]lease, len(held)+len(taken))
-	until := sent.Add(r.cfg.Lease)
-	for _, h := range append(held, taken...) {
-		next[h.Slot] = lease{token: h.Token, until: until}
-	}
-	lost := 0
-	for s := range l.held { // slots renewed before and missing now
-		if _, ok := next[s]; !ok && !slices.Contains(released, s) {
-			lost++
-		}
-	}
-	l.held, l.slots, l.renewed, l.relays, l.pid = next, slots, true, relays, pid
-	r.cfg.Metrics.slots(len(next))
-	if lost > 0 {
-		r.log.Warn("partition leases lost to other relays (this relay did not renew them in time)", slog.Int("slots", lost))
-	}
-	if len(taken) > 0 || len(released) > 0 || lost > 0 || len(next) != before {
-		r.log.Info("partition leases", slog.Int("held", len(next)), slog.Int("taken", len(taken)),
-			slog.Int("released", len(released)), slog.Int("slots", slots), slog.Int("relays", relays))
-	}
-	return len(next) > before, nil
-}
-
-// heldSlot is a row of relay_lease_renew or relay_lease_acquire.
-type heldSlot struct {
-	Slot  int
-	Token uuid.UUID
-}
-
-func collectLeases(ctx context.Context, tx pgx.Tx, st queries.Statement) ([]heldSlot, error) {
-	rows, err := tx.Query(ctx, st.SQL, st.Args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByName[heldSlot])
 }
 
 // renew renews when the renewal is due; a failure is logged (the leases
@@ -275,8 +121,9 @@ func (p *partitionLeases) renew(ctx context.Context) {
 		return
 	}
 	var gained bool
+	p.r.slotsFreed.Store(false)
 	err := p.r.onFresh(func() (err error) {
-		gained, err = p.renewLeases(ctx)
+		gained, err = p.leases.Renew(ctx)
 		return err
 	})
 	switch {
@@ -287,67 +134,13 @@ func (p *partitionLeases) renew(ctx context.Context) {
 	}
 }
 
-// usableSlots are the slots this relay may publish now: a batch started now
-// ends (its publish timeout) before their leases do.
-func (p *partitionLeases) usableSlots() []int32 {
-	limit := time.Now().Add(p.r.cfg.PublishTimeout)
-	slots := make([]int32, 0, len(p.leases.held))
-	for s, l := range p.leases.held {
-		if l.until.After(limit) {
-			slots = append(slots, int32(s))
-		}
-	}
-	slices.Sort(slots)
-	return slots
-}
-
-// firstOfEachKey keeps the first message of each partition key (msgs are in
-// seq order): the others wait for the next read, so that a failed publish is
-// never overtaken by a later event of its key from the same pipeline.
-func firstOfEachKey(msgs []message) []message {
-	seen := make(map[[2]string]bool, len(msgs))
-	kept := msgs[:0]
-	for _, m := range msgs {
-		k := [2]string{m.AggregateType, m.PartitionKey}
-		if !seen[k] {
-			seen[k] = true
-			kept = append(kept, m)
-		}
-	}
-	return kept
-}
-
-// leave gives back every slot this relay holds and ends its membership,
-// and says so: the other relays renew at once and take the slots instead of
-// waiting for the leases to run out.
-func (p *partitionLeases) leave() {
-	r := p.r
-	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
-	defer cancel()
-	slots := make([]int, 0, len(p.leases.held))
-	for s := range p.leases.held {
-		slots = append(slots, s)
-	}
-	err := r.onFresh(func() error { // a batch built anew at each try: pgx keeps per-connection state in it
-		var b pgx.Batch
-		queue(&b, queries.RelayLeaseRelease(p.leases.owner, slots))
-		queue(&b, queries.RelayLeaseLeave(p.leases.owner))
-		queue(&b, r.notify(r.freedPayload()))
-		return r.pool.SendBatch(ctx, &b).Close()
-	})
-	if err != nil {
-		r.log.Warn("could not give back the partition leases; the other relays take them when they run out",
-			slog.Any("error", err), slog.Duration("lease", r.cfg.Lease))
-		return
-	}
-	p.leases.held = nil
-	r.cfg.Metrics.slots(0)
-}
+// leave gives back every slot this relay holds and ends its membership.
+func (p *partitionLeases) leave() { p.leases.Leave() }
 
 // renewDue: the partition leases are due for renewal, or another relay gave
 // slots back (renew now to take them).
 func (p *partitionLeases) renewDue() bool {
-	return p.r.slotsFreed.Load() || !time.Now().Before(p.leases.due)
+	return p.r.slotsFreed.Load() || p.leases.Due(time.Now())
 }
 
 // beforeBatch: before the first read, the check that no row claimer runs
@@ -472,10 +265,8 @@ func (r *Relay) resolveOwnership(ctx context.Context) error {
 	if r.own.ownership != nil {
 		return nil
 	}
-	st := queries.RelayOwnershipAuto(r.cfg.Lease.Milliseconds())
 	for failures := 1; ; failures++ {
-		var name, reason string
-		err := r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(&name, &reason)
+		name, reason, err := leases.Choose(ctx, r.pool, r.cfg.Lease)
 		if err == nil {
 			r.chooseOwnership(name)
 			r.log.Info("ownership chosen (auto)", slog.String("ownership", name), slog.String("by", reason))

@@ -26,7 +26,8 @@
 // batch.go (one batch: claim, publish through the broker, record), claim.go
 // (the claim's round trip), outcome.go and mark.go (recording
 // what the publish did), ownership.go (row claims or partition leases,
-// chosen once: partitions.go has the leases), reap.go (expired claims back to
+// chosen once: partitions.go drives the leases, whose protocol is package
+// relay/internal/leases), reap.go (expired claims back to
 // pending), floor.go (where reads start), config.go, metrics.go and
 // errors.go. The broker's own work (trimming Redis Streams) is the broker
 // package's.

@@ -157,31 +157,3 @@ func TestBusyRelayLingersAFewClaimsBelowTheRate(t *testing.T) {
 		t.Fatalf("after %d lingers below the rate: op %d, want the sleep", busyLingerClaims, w.op)
 	}
 }
-
-// A lone partition owner sends no wake-up NOTIFY only while the LISTEN
-// backend its last renewal carried is still its own: once that backend is
-// gone, the other relays free its slots at once (relay_bury.sql), and one
-// that joins may hold some before this relay's next renewal counts it.
-func TestLoneOwnerOnlyWithTheBackendItsRenewalCarried(t *testing.T) {
-	now := time.Now()
-	held := map[int]lease{0: {until: now.Add(time.Minute)}, 1: {until: now.Add(time.Minute)}}
-	for _, c := range []struct {
-		name          string
-		renewed, live uint32
-		relays        int
-		alone         bool
-	}{
-		{"its backend, alone", 42, 42, 1, true},
-		{"a new backend since the renewal", 42, 43, 1, false},
-		{"no backend now", 42, 0, 1, false},
-		{"renewed without a backend", 0, 0, 1, false},
-		{"another relay alive", 42, 42, 2, false},
-	} {
-		r := &Relay{listener: &listener{}}
-		r.listener.pid.Store(c.live)
-		p := &partitionLeases{r: r, leases: leases{slots: 2, held: held, relays: c.relays, pid: c.renewed}}
-		if got := p.alone(now); got != c.alone {
-			t.Errorf("%s: alone %v, want %v", c.name, got, c.alone)
-		}
-	}
-}
