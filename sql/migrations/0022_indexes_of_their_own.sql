@@ -31,13 +31,14 @@
 -- claim, a release or a reap (they change status alone, and unpublished
 -- stays true), so those updates stay HOT (migration 0007).
 --
--- The new indexes are built first, under names of their own, then the old
--- ones dropped and the new ones renamed: building them reads the table
--- once and holds its writers back meanwhile (a SHARE lock, as migration
--- 0010 did); the drop locks the table for every session (ACCESS EXCLUSIVE),
--- but only from then until the migration commits, an instant. The
--- migration gives up after 5 s (lock_timeout) rather than stall writers and
--- relays behind a long transaction; run it again when that one has ended
+-- The table is locked for every session (ACCESS EXCLUSIVE) from the start:
+-- building the indexes reads the table once, and writers and relays wait
+-- meanwhile. Taking a weaker lock first (building the new indexes before
+-- dropping the old ones) deadlocks with a relay, whose transactions read
+-- the table and then update it: the drop's stronger lock waits for the
+-- relay's read, the relay's update for the build's lock. The migration
+-- gives up after 5 s (lock_timeout) rather than stall writers and relays
+-- behind a long transaction; run it again when that one has ended
 -- (CHANGELOG).
 --
 -- outbox_relay_floor finds the lowest unpublished row from the floor with
@@ -48,18 +49,19 @@
 -- (TestBacklogUnderStatisticsOfAPublishedOutbox).
 SET LOCAL lock_timeout = '5s';
 
-CREATE INDEX outbox_messages_unpublished_by_partition_0022
+LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE;
+
+DROP INDEX outbox_messages_unpublished_by_partition;
+
+CREATE INDEX outbox_messages_unpublished_by_partition
     ON outbox_messages (aggregate_type, (coalesce(partition_key, aggregate_id)), seq)
     WHERE published_at IS NULL AND NOT dead;
 
-CREATE INDEX outbox_messages_retrying_0022
+DROP INDEX outbox_messages_retrying;
+
+CREATE INDEX outbox_messages_retrying
     ON outbox_messages (aggregate_type, (coalesce(partition_key, aggregate_id)), seq)
     WHERE attempts > 0 AND published_at IS NULL AND NOT dead;
-
-DROP INDEX outbox_messages_unpublished_by_partition;
-DROP INDEX outbox_messages_retrying;
-ALTER INDEX outbox_messages_unpublished_by_partition_0022 RENAME TO outbox_messages_unpublished_by_partition;
-ALTER INDEX outbox_messages_retrying_0022 RENAME TO outbox_messages_retrying;
 
 CREATE OR REPLACE FUNCTION outbox_relay_floor(
     INOUT floor_seq bigint, INOUT mark bigint, INOUT writers text[],

@@ -19,12 +19,13 @@
 -- were open, migration 0019): empty unless there is one.
 -- Both checks name the predicate of their index (published_at IS NULL AND
 -- NOT dead, not unpublished: migration 0022), so that no read in seq order
--- can answer them. The first stays an anti-join: its index holds next to
--- nothing, read once for the whole read. The second is a probe of the
--- row's key (OFFSET 0, as in relay_claim.sql), and runs only while there is
--- a hole (keys_from below read_from; the two settings read once, as
--- InitPlans): a probe per row read cost the drain a sixth of its rate
--- (outbox bench drain, docs/log.md).
+-- can answer them, and both are probes of the row's key (OFFSET 0, as in
+-- relay_claim.sql: as an anti-join, the first scanned the whole retrying
+-- index for each row read, 158 ms a read with 2,100 rows retrying). Each
+-- runs only while it can find something, which one InitPlan tells for the
+-- whole read: the first while any row waits for a retry, the second while
+-- there is a hole (keys_from below read_from). A probe per row read cost
+-- the drain a sixth of its rate (outbox bench drain, docs/log.md).
 -- next_attempt_at: against clock_timestamp(), as in relay_claim.sql.
 -- first_sent_at: as in relay_claim.sql, the redelivery window @window_ms.
 -- @max_bytes: of the first row of each partition key (the relay publishes
@@ -52,12 +53,16 @@ SELECT id, seq, aggregate_type, aggregate_id, event_type, payload, headers, atte
                            AND NOT EXISTS (
                                SELECT 1
                                  FROM outbox_messages p
-                                WHERE p.attempts > 0
+                                WHERE (SELECT EXISTS (SELECT 1 FROM outbox_messages w
+                                                       WHERE w.attempts > 0
+                                                         AND w.published_at IS NULL AND NOT w.dead))
+                                  AND p.attempts > 0
                                   AND p.published_at IS NULL AND NOT p.dead
                                   AND p.aggregate_type = o.aggregate_type
                                   AND coalesce(p.partition_key, p.aggregate_id) = coalesce(o.partition_key, o.aggregate_id)
                                   AND p.seq >= outbox_relay_keys_from()
-                                  AND p.seq < o.seq)
+                                  AND p.seq < o.seq
+                               OFFSET 0)
                            AND NOT EXISTS (
                                SELECT 1
                                  FROM outbox_messages p
