@@ -1,9 +1,10 @@
 -- The outbox's rows for a caller that reads often (the console, every two
 -- seconds), of the aggregate type @aggregate_type or of every type when it
 -- is '': what status.sql counts but the published rows, read through the
--- partial indexes (outbox_messages_unpublished, outbox_messages_dead,
--- outbox_messages_retrying) as metrics_outbox.sql does, so its cost follows
--- the backlog, not the table. published is NULL: not counted.
+-- partial indexes (outbox_messages_unpublished, outbox_messages_dead; the
+-- retrying rows are counted in the same walk of the unpublished ones), so
+-- its cost follows the backlog, not the table. published is NULL: not
+-- counted.
 SELECT count(*) FILTER (WHERE status = 'pending')    AS pending,
        count(*) FILTER (WHERE status = 'publishing') AS publishing,
        NULL::bigint                                  AS published,
