@@ -212,6 +212,31 @@ func writeEvent(t *testing.T, f *fixture, tx pgx.Tx, key string) uuid.UUID {
 	return id
 }
 
+// startedRelay is relayOnPool's relay after a drain of an empty outbox: what
+// a relay reads once as it starts (the choice of an auto relay walks every
+// unpublished entry: relay_ownership_auto.sql) is then behind it.
+func startedRelay(f *fixture, name string) (*relay.Relay, *pgxpool.Pool) {
+	f.T.Helper()
+	r, pool := relayOnPool(f, name)
+	if got := f.DrainAll(r); got != 0 {
+		f.T.Fatalf("published %d events of an outbox with none to publish", got)
+	}
+	return r, pool
+}
+
+// countedDrain drains the n events waiting with r, closes its pool (named
+// name) and returns how many entries of the unpublished indexes the drain
+// read.
+func countedDrain(f *fixture, r *relay.Relay, pool *pgxpool.Pool, name string, n int) int {
+	f.T.Helper()
+	before := unpublishedIndexReads(f.T, f.Pool)
+	if got := f.DrainAll(r); got != n {
+		f.T.Fatalf("published %d of %d", got, n)
+	}
+	closePool(f, pool, name)
+	return unpublishedIndexReads(f.T, f.Pool) - before
+}
+
 // relayOnPool returns relay "floor" on a pool of its own, whose backends
 // carry name as their application_name (the same relay name: a second
 // relay takes over the first one's partition leases).
@@ -298,23 +323,13 @@ func drainStaleBacklog(t *testing.T, published int) {
 		f.Exec("UPDATE outbox_messages SET status = 'published', published_at = now()")
 	}
 	f.Exec("ANALYZE outbox_messages")
-	// The relay starts before the backlog arrives: what it reads once as it
-	// starts (the choice of an auto relay walks every unpublished entry:
-	// relay_ownership_auto.sql) is not what this test counts.
-	r, pool := relayOnPool(f, "stale-stats")
-	if got := f.DrainAll(r); got != 0 {
-		t.Fatalf("published %d events of an outbox with none to publish", got)
-	}
+	// The relay starts before the backlog arrives (startedRelay).
+	r, pool := startedRelay(f, "stale-stats")
 	if _, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
 		SELECT 'floor', 'k' || g, 'x', '{}', 'k' || g FROM generate_series(1, $1::int) g`, n); err != nil {
 		t.Fatal(err)
 	}
-	before := unpublishedIndexReads(t, f.Pool)
-	if got := f.DrainAll(r); got != n {
-		t.Fatalf("published %d of %d", got, n)
-	}
-	closePool(f, pool, "stale-stats")
-	read := unpublishedIndexReads(t, f.Pool) - before
+	read := countedDrain(f, r, pool, "stale-stats", n)
 	t.Logf("%d index entries read to drain %d events", read, n)
 	if read > 4*n {
 		t.Fatalf("draining %d events read %d entries of the unpublished indexes (want at most %d): each read scanned every pending row",
@@ -385,10 +400,7 @@ func TestReadsBesideManyRowsWaitingForARetry(t *testing.T) {
 	const n = 10_000
 	f := newFixture(t)
 	f.Exec("ALTER TABLE outbox_messages SET (autovacuum_enabled = false)")
-	r, pool := relayOnPool(f, "retrying")
-	if got := f.DrainAll(r); got != 0 { // it starts, and chooses its ownership, before the count
-		t.Fatalf("published %d events of an outbox with none to publish", got)
-	}
+	r, pool := startedRelay(f, "retrying")
 	// An outbox that has run a while: its published rows are most of the
 	// table the statistics see.
 	if _, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, status, published_at)
@@ -401,12 +413,7 @@ func TestReadsBesideManyRowsWaitingForARetry(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Exec("ANALYZE outbox_messages")
-	before := unpublishedIndexReads(t, f.Pool)
-	if got := f.DrainAll(r); got != n {
-		t.Fatalf("published %d of %d", got, n)
-	}
-	closePool(f, pool, "retrying")
-	read := unpublishedIndexReads(t, f.Pool) - before
+	read := countedDrain(f, r, pool, "retrying", n)
 	t.Logf("%d index entries read to drain %d events, %d of them waiting for a retry", read, n, n/10)
 	if read > 4*n {
 		t.Fatalf("draining %d events beside %d retrying read %d index entries (want at most %d): each row's check walked the retrying rows",
