@@ -154,15 +154,18 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 	cfg := f.RowsRelayConfig("r2")
 	cfg.Lease, cfg.ReapInterval = time.Second, 100*time.Millisecond
 	r := f.NewRelay(cfg, nil)
+	sig := relaytest.Signals(r)
 	f.Run(r.Run)
 	outboxtest.Eventually(t, 15*time.Second, func() bool {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE status = 'published' AND claimed_by = 'r2'") == 30
 	}, "abandoned rows were not reaped and published (claims before the takeover: %s)", before)
-	// The reaper counts the rows it returned once its statement committed;
+	// The reaper signals the rows it returned once its statement committed;
 	// by then the claimer may have published them (one .ci/run read the
-	// count as 0 right after the rows were published): wait for it.
-	for deadline := time.Now().Add(5 * time.Second); r.Stats().Reaped != 30; time.Sleep(5 * time.Millisecond) {
-		if time.Now().Before(deadline) {
+	// count as 0 right after the rows were published): wait for its passes.
+	for reaped := 0; reaped < 30; {
+		n, err := sig.Reaped.WaitFor(5*time.Second, func(n int) bool { return n > 0 })
+		if err == nil {
+			reaped += n
 			continue
 		}
 		var attempts string
@@ -171,7 +174,10 @@ func TestAbandonedClaimIsReapedAndPublished(t *testing.T) {
 			t.Fatal(err)
 		}
 		st := r.Stats()
-		t.Fatalf("reaped %d, want 30 (stats %+v; claims before the takeover: %s; now: %s)", st.Reaped, st, before, attempts)
+		t.Fatalf("reaped %d, want 30 (%v; stats %+v; claims before the takeover: %s; now: %s)", reaped, err, st, before, attempts)
+	}
+	if got := r.Stats().Reaped; got != 30 {
+		t.Fatalf("the relay's stats count %d reaped, want 30", got)
 	}
 	if got := len(f.Entries(f.Stream())); got != 30 {
 		t.Fatalf("stream holds %d entries, want 30", got)

@@ -12,9 +12,11 @@ import (
 
 // The single steps, for the project's tests (internal/consumertest).
 func init() {
-	hooks.ConsumerReadNew = func(ctx context.Context, c any) (int, error) { return c.(*Consumer).stepReadNew(ctx) }
-	hooks.ConsumerProcessPending = func(ctx context.Context, c any) error { return c.(*Consumer).stepProcessPending(ctx) }
-	hooks.ConsumerClaimIdle = func(ctx context.Context, c any) (int, error) { return c.(*Consumer).stepClaimIdle(ctx) }
+	hooks.Set(hooks.ConsumerReadNew, func(ctx context.Context, c *Consumer) (int, error) { return c.stepReadNew(ctx) })
+	hooks.Set(hooks.ConsumerProcessPending, func(ctx context.Context, c *Consumer) (struct{}, error) {
+		return struct{}{}, c.stepProcessPending(ctx)
+	})
+	hooks.Set(hooks.ConsumerClaimIdle, func(ctx context.Context, c *Consumer) (int, error) { return c.stepClaimIdle(ctx) })
 }
 
 // The single steps: Run is how to consume; stepReadNew, stepProcessPending

@@ -26,6 +26,7 @@ import (
 func (r *Relay) drain(ctx context.Context, polled bool) (published int, err error) {
 	if r.listener.resync.Swap(false) {
 		r.setState(unsure)
+		r.loop.resynced = r.listener.established.Load()
 	}
 	w := r.newWakeup(polled)
 	// Redis refused the last batch as a whole: wait out the backoff before

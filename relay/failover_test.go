@@ -36,10 +36,12 @@ const takeoverBound = 5 * time.Second
 func TestBusyWordOfADeadRelayIsTakenBack(t *testing.T) {
 	f := newFixture(t)
 	b := f.NewRelay(f.RelayConfig("relay-b"), nil)
+	sig := relaytest.Signals(b)
 	f.Run(b.Run)
-	outboxtest.Eventually(t, 10*time.Second, func() bool { return b.Stats().ListenUp && f.IdleFlag() == 1 },
-		"relay-b not listening, or writers not told to notify")
-	time.Sleep(300 * time.Millisecond) // its start-up drains are over: it sleeps
+	relaytest.WaitCaughtUp(t, sig, 0) // its start-up drains are over: it sleeps
+	if got := f.IdleFlag(); got != 1 {
+		t.Fatalf("relay-b caught up with the idle flag at %d: writers not told to notify", got)
+	}
 
 	// The dead relay: its LISTEN connection held the lock of its ownership
 	// and said "busy" as itself; then the connection closed.

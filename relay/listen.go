@@ -70,6 +70,9 @@ type listener struct {
 	// nothing since (a PostgreSQL crash can undo the flag's last change), so
 	// the next drain must say "sleep" again before waiting.
 	resync atomic.Bool
+	// established counts the LISTEN connections made (the drain that
+	// takes resync notes the count: testsignal.Relay's Idle).
+	established atomic.Uint64
 	// now cuts the reconnect backoff short: the drainer reached the
 	// database again.
 	now chan struct{}
@@ -225,6 +228,13 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	if keeper := r.own.leases; keeper != nil {
 		keeper.listening()
 	}
+	// Notifications sent while no connection listened are lost, and a
+	// PostgreSQL crash may have undone the flag's last change: the drain
+	// kicked below catches up and tells writers again that the relay
+	// sleeps. (Set before listenUp: a drainer that sees the connection up
+	// and resync clear has run that drain.)
+	l.established.Add(1)
+	l.resync.Store(true)
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
 	if failures > 0 {
@@ -233,10 +243,6 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	} else {
 		r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
 	}
-	// Notifications sent while no connection listened are lost, and a
-	// PostgreSQL crash may have undone the flag's last change: the drain
-	// this wakes catches up and tells writers again that the relay sleeps.
-	l.resync.Store(true)
 	r.kick()
 	// A relay of this name may have died just before: take its claims now.
 	r.reaper.bury(watchDead)

@@ -19,9 +19,9 @@ import (
 func TestNotifyWakesRelay(t *testing.T) {
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	sig := relaytest.Signals(r)
 	f.Run(r.Run)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
-	time.Sleep(50 * time.Millisecond) // let the start-up drain finish
+	relaytest.WaitCaughtUp(t, sig, 0) // the start-up drains are over
 
 	for i := range 5 {
 		// Writers notify only while the relay sleeps (migration 0006).

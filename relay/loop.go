@@ -7,6 +7,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/pgerr"
 	"github.com/tedbank/outbox/internal/retry"
+	"github.com/tedbank/outbox/internal/testsignal"
 )
 
 // drainState is what the drainer (drainLoop) owns between drains, on its
@@ -33,6 +34,11 @@ type drainState struct {
 	// held: the tokens of the latest claims (claim.go), for a restamp after
 	// the LISTEN connection came back (the listener reads them).
 	held heldClaims
+	// idle: a drain ended and the drainer waits, caught up, no wake-up
+	// queued (tests only: testsignal.Relay); resynced is the LISTEN
+	// connection (listener.established) whose catch-up drain ran last.
+	idle     testsignal.Signal[uint64]
+	resynced uint64
 }
 
 // dbBackoff: failures counts drains in a row that failed (the database
@@ -114,6 +120,11 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		retryTimer.Stop()
 		if wait > 0 && wait < r.cfg.PollInterval {
 			retryTimer.Reset(wait)
+		}
+		if err == nil && len(r.wake) == 0 && r.stats.listenUp.Load() && !r.listener.resync.Load() {
+			// Caught up: listening, and the drain the LISTEN connection
+			// asked for when it came up has run (it sets resync first).
+			r.loop.idle.Send(r.loop.resynced)
 		}
 	wait:
 		select {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tedbank/outbox/internal/queries"
+	"github.com/tedbank/outbox/internal/testsignal"
 )
 
 // reaper is the relay's maintenance service, one goroutine started by Run:
@@ -30,6 +31,8 @@ type reaper struct {
 	stalled atomic.Pointer[[]int32]
 	// waking: a goroutine says "sleep" for a dead relay.
 	waking atomic.Bool
+	// reaped: a pass returned that many claims (tests only: testsignal).
+	reaped testsignal.Signal[int]
 }
 
 func newReaper(r *Relay) *reaper { return &reaper{r: r, due: make(chan struct{}, 1)} }
@@ -154,6 +157,9 @@ func (p *reaper) takeOver(ctx context.Context, what uint32) {
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("returning the claims of relays that died failed; the reaper tries again", slog.Any("error", err))
 		}
+		if err == nil {
+			p.reaped.Send(n)
+		}
 		if len(dead) > 0 || slots > 0 || n > 0 {
 			r.log.Warn("relays died: their work is taken over", slog.Any("relays", dead),
 				slog.Int("claims_returned", n), slog.Int("slots_freed", slots))
@@ -207,6 +213,9 @@ func (p *reaper) run(ctx context.Context) {
 		case n > 0:
 			r.log.Warn("returned expired claims to pending", slog.Int("rows", n))
 			r.kick()
+		}
+		if err == nil {
+			p.reaped.Send(n)
 		}
 		switch n, err := p.expire(ctx); {
 		case err != nil && ctx.Err() == nil:

@@ -224,10 +224,10 @@ func TestGracefulStopWakesPeersForWritersThatSawItBusy(t *testing.T) {
 	// the busy relay says busy again (the order of their words in production
 	// when one drains while the other sleeps).
 	b := f.NewRelay(f.RelayConfig("b"), nil)
+	sig := relaytest.Signals(b)
 	f.Run(b.Run)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return b.Stats().ListenUp }, "peer never LISTENed")
+	relaytest.WaitCaughtUp(t, sig, 0) // the drain after its LISTEN has ended too
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "peer never went to sleep")
-	time.Sleep(100 * time.Millisecond) // let the drain after its LISTEN end too
 	f.Exec("SELECT outbox_relay_busy()")
 
 	// A writer sees "busy" (no NOTIFY) and is still in its transaction when
@@ -261,20 +261,21 @@ func TestListenReconnectReassertsSleep(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	sig := relaytest.Signals(r)
 	f.Run(r.Run)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	first := relaytest.WaitCaughtUp(t, sig, 0)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay never went to sleep")
-	time.Sleep(50 * time.Millisecond)
 
 	f.Exec("SELECT outbox_relay_busy()") // the flag's last change, undone by a crash
 	before := r.Stats().Notifications
 	f.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE datname = current_database() AND application_name = 'outbox-test-listen'`)
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return !r.Stats().ListenUp }, "LISTEN connection not lost")
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "LISTEN connection not back")
 	// Let the catch-up drain end: a row it claims would need no NOTIFY.
-	outboxtest.Eventually(t, quick, func() bool { return f.IdleFlag() == 1 }, "the catch-up drain left writers silent")
-	time.Sleep(50 * time.Millisecond)
+	relaytest.WaitCaughtUp(t, sig, first)
+	if got := f.IdleFlag(); got != 1 {
+		t.Fatalf("the catch-up drain left writers silent (idle flag %d)", got)
+	}
 	f.publishedQuickly("the relay's catch-up drain after reconnecting left the flag at busy")
 	if r.Stats().Notifications == before {
 		t.Fatal("no notification after reconnecting: the event was found some other way")
@@ -331,11 +332,12 @@ func (f *fixture) heldBusyRelay() (busyRelay, *hold) {
 		}
 	}}
 	r := f.NewRelay(cfg, nil)
+	sig := relaytest.Signals(r)
 	stop := f.Run(r.Run)
 	f.T.Cleanup(h.release) // before stop runs
-	outboxtest.Eventually(f.T, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	// The wake-up after LISTEN has finished.
+	relaytest.WaitCaughtUp(f.T, sig, 0)
 	outboxtest.Eventually(f.T, 5*time.Second, func() bool { return f.IdleFlag() == 1 }, "relay never went to sleep")
-	time.Sleep(100 * time.Millisecond) // let the wake-up after LISTEN finish
 	err := pgx.BeginFunc(f.Ctx, f.Pool, func(tx pgx.Tx) error {
 		for i := range held {
 			ted := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("busy-%d", i), ToAccount: "b", AmountCents: 1}

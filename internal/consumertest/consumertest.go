@@ -13,16 +13,17 @@ import (
 // ReadNew blocks up to the consumer's Block for new entries of every
 // partition and processes them: how many it read.
 func ReadNew(ctx context.Context, c *consumer.Consumer) (int, error) {
-	return hooks.ConsumerReadNew(ctx, c)
+	return hooks.Call[*consumer.Consumer, int](ctx, hooks.ConsumerReadNew, c)
 }
 
 // ProcessPending re-reads and processes the consumer's own pending entries.
 func ProcessPending(ctx context.Context, c *consumer.Consumer) error {
-	return hooks.ConsumerProcessPending(ctx, c)
+	_, err := hooks.Call[*consumer.Consumer, struct{}](ctx, hooks.ConsumerProcessPending, c)
+	return err
 }
 
 // ClaimIdle claims the entries idle for at least the consumer's
 // ClaimMinIdle and processes them: how many it claimed.
 func ClaimIdle(ctx context.Context, c *consumer.Consumer) (int, error) {
-	return hooks.ConsumerClaimIdle(ctx, c)
+	return hooks.Call[*consumer.Consumer, int](ctx, hooks.ConsumerClaimIdle, c)
 }
