@@ -71,15 +71,18 @@ func (r *Relay) stepDrainBatch(ctx context.Context) (BatchResult, error) {
 // the result; with deferMark, this batch's own mark of the published rows is
 // returned for the next call instead of being sent.
 func (r *Relay) drainBatch(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
-	if r.own.leases == nil || prev == nil {
-		return r.drainOne(ctx, op, prev, nil, deferMark)
+	if l := r.own.leases; l != nil && prev != nil {
+		// Partition leases send prev's mark beside this batch instead
+		// (partitions.go).
+		return l.drainBeside(ctx, prev, func() (BatchResult, *pendingMark, error) {
+			return r.drainOne(ctx, op, nil, deferMark)
+		})
 	}
-	return r.drainOverlapped(ctx, op, prev, deferMark) // partition leases (partitions.go)
+	return r.drainOne(ctx, op, prev, deferMark)
 }
 
-// drainOne is drainBatch in one piece: it also leaves out of its claim the
-// rows of seqs (a batch whose mark is in flight).
-func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, exclude []int64, deferMark bool) (BatchResult, *pendingMark, error) {
+// drainOne is drainBatch with prev's mark, if any, in the claim's round trip.
+func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
 	if err := ctx.Err(); err != nil {
 		return BatchResult{}, prev, err
 	}
@@ -91,7 +94,7 @@ func (r *Relay) drainOne(ctx context.Context, op flagOp, prev *pendingMark, excl
 	token := uuid.New()
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev, exclude)
+	msgs, prevMarked, slept, err := r.claim(cctx, op, token, prev)
 	if err != nil {
 		if prev != nil {
 			// The mark rolled back with the claim; send it on its own, with

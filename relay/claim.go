@@ -18,7 +18,7 @@ import (
 // claim claims one batch under token. In the same round trip it first tells
 // writers what op says and marks prev published (it returns how many of
 // prev's rows that mark updated).
-func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark, exclude []int64) (_ []message, marked int, slept bool, _ error) {
+func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pendingMark) (_ []message, marked int, slept bool, _ error) {
 	var (
 		msgs []message
 		b    pgx.Batch
@@ -51,7 +51,7 @@ func (r *Relay) claim(ctx context.Context, op flagOp, token uuid.UUID, prev *pen
 	}
 	keepFloor := r.loop.floor.queue(&b, time.Now(), r.loop.lastRead >= max(1, r.batchLimit()/2))
 	b.Queue(indexedClaim)
-	queue(&b, r.own.read(token, exclude)).Query(func(rows pgx.Rows) error {
+	queue(&b, r.own.read(token)).Query(func(rows pgx.Rows) error {
 		var err error
 		msgs, err = pgx.CollectRows(rows, pgx.RowToStructByName[message])
 		return err

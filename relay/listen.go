@@ -224,10 +224,9 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	defer l.pid.Store(0)
 	l.attempted()
 	*established = true
-	// A partition owner renews now: its slots carry the new pid.
-	if keeper := r.own.leases; keeper != nil {
-		keeper.listening()
-	}
+	// A partition owner renews now: its slots carry the new pid (row
+	// claims never read slotsFreed).
+	r.slotsFreed.Store(true)
 	// Notifications sent while no connection listened are lost, and a
 	// PostgreSQL crash may have undone the flag's last change: the drain
 	// kicked below catches up and tells writers again that the relay
@@ -304,6 +303,24 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 }
 
 var errListenerClosed = errors.New("listen connection closed")
+
+// notify is a NOTIFY on this relay's channel. Writers' payloads are empty;
+// a relay's are these.
+func (r *Relay) notify(payload string) queries.Statement {
+	return queries.RelayNotify(r.cfg.Channel, payload)
+}
+
+// wakePayload is the payload of the notifications a relay that owns
+// partitions sends to wake the other relays (its listener ignores its own).
+func (r *Relay) wakePayload() string { return "relay:" + r.cfg.Name }
+
+// freedPayload is the payload of the notification a relay sends when it gives
+// slots back (more than its share, or all of them on its way out): the
+// other relays renew at once and take them, instead of at their next
+// renewal.
+func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
+
+const slotsFreedPrefix = "relay-slots-freed:"
 
 // The server's TCP keepalives on the LISTEN connection (set_config; ignored on
 // a Unix socket): the server gives up on a connection whose relay stopped

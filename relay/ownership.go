@@ -26,9 +26,8 @@ type ownership interface {
 	// membershipMS is how long a membership lasts without renewal (0: for
 	// as long as the LISTEN backend lives).
 	membershipMS() int64
-	// read is the claim's statement: up to a batch of rows to publish,
-	// leaving out the rows of exclude (a batch whose mark is in flight).
-	read(token uuid.UUID, exclude []int64) queries.Statement
+	// read is the claim's statement: up to a batch of rows to publish.
+	read(token uuid.UUID) queries.Statement
 	// admit keeps the rows of a read that go into one publish, and returns
 	// what fences their marks.
 	admit(token uuid.UUID, msgs []message) ([]message, fence)
@@ -52,7 +51,7 @@ type fence interface {
 
 // leaseKeeper is what partition leases do beside the drain, and row claims
 // do not: take, renew and give back the slots, wake the relays that own the
-// other slots, and overlap a batch's mark with the next batch's read.
+// other slots, and send a batch's mark beside the next batch.
 type leaseKeeper interface {
 	// beforeBatch runs before each batch: once, the check that no row
 	// claimer runs; when due, a renewal of the leases, after flush (the
@@ -66,8 +65,10 @@ type leaseKeeper interface {
 	// queueWakeOthers queues, in a claim's round trip, what wakes the other
 	// relays while this one tells writers op (or has told them "busy").
 	queueWakeOthers(b *pgx.Batch, op flagOp)
-	// listening is told that the LISTEN connection is (back) up.
-	listening()
+	// drainBeside runs drain (one batch, its read leaving prev's rows out)
+	// while prev's mark is sent on a connection of its own, and counts
+	// that mark in the result.
+	drainBeside(ctx context.Context, prev *pendingMark, drain func() (BatchResult, *pendingMark, error)) (BatchResult, *pendingMark, error)
 }
 
 // owner is the relay's ownership and, for partition leases, their keeper
@@ -124,7 +125,7 @@ type rowClaims struct{ r *Relay }
 func (rowClaims) lockModes() (own, other int) { return 1, 2 }
 func (rowClaims) membershipMS() int64         { return 0 }
 
-func (o rowClaims) read(token uuid.UUID, _ []int64) queries.Statement {
+func (o rowClaims) read(token uuid.UUID) queries.Statement {
 	r := o.r
 	return queries.RelayClaim(r.batchLimit(), token, r.cfg.Name, r.cfg.RedeliveryWindow().Milliseconds(), r.listener.pid.Load(), r.cfg.BatchBytes)
 }

@@ -33,6 +33,9 @@ type partitionLeases struct {
 	// leftoversReclaimed: this relay checked that no row claimer runs and
 	// returned a dead one's claims to pending (exclusive.go).
 	leftoversReclaimed bool
+	// inFlight is the seqs of the batch whose mark runs beside the read
+	// (drainBeside): the read leaves them out.
+	inFlight []int64
 }
 
 func newPartitionLeases(r *Relay) *partitionLeases {
@@ -57,9 +60,6 @@ func (*partitionLeases) lockModes() (own, other int) { return 2, 1 }
 // its slots.
 func (p *partitionLeases) membershipMS() int64 { return p.r.cfg.Lease.Milliseconds() }
 
-// listening: the slots must carry the new LISTEN pid: renew now.
-func (p *partitionLeases) listening() { p.r.slotsFreed.Store(true) }
-
 // queueWakeOthers: writers are silent while any relay is busy, but this
 // relay drains only its own slots: wake the others at every batch while
 // busy, and when it says "sleep" (delivered at commit, after the writers
@@ -82,10 +82,11 @@ func (p *partitionLeases) queueWakeOthers(b *pgx.Batch, op flagOp) {
 }
 
 // read reads the publishable rows of the slots this relay may publish now,
-// in seq order, without locking or updating them.
-func (p *partitionLeases) read(_ uuid.UUID, exclude []int64) queries.Statement {
+// in seq order, without locking or updating them, leaving out the batch
+// whose mark is in flight.
+func (p *partitionLeases) read(uuid.UUID) queries.Statement {
 	r := p.r
-	return p.leases.Read(r.batchLimit(), exclude, r.cfg.RedeliveryWindow(), r.cfg.BatchBytes)
+	return p.leases.Read(r.batchLimit(), p.inFlight, r.cfg.RedeliveryWindow(), r.cfg.BatchBytes)
 }
 
 // admit keeps the first row of each key, each fenced by the lease of the
@@ -162,33 +163,17 @@ func (p *partitionLeases) beforeBatch(ctx context.Context, flush func() error) e
 	return nil
 }
 
-// wakePayload is the payload of the notifications a relay that owns
-// partitions sends to wake the other relays (its listener ignores its own).
-func (r *Relay) wakePayload() string { return "relay:" + r.cfg.Name }
-
-// freedPayload is the payload of the notification a relay sends when it gives
-// slots back (more than its share, or all of them on its way out): the
-// other relays renew at once and take them, instead of at their next
-// renewal.
-func (r *Relay) freedPayload() string { return slotsFreedPrefix + r.cfg.Name }
-
-const slotsFreedPrefix = "relay-slots-freed:"
-
-// notify is a NOTIFY on this relay's channel.
-func (r *Relay) notify(payload string) queries.Statement {
-	return queries.RelayNotify(r.cfg.Channel, payload)
-}
-
-// drainOverlapped is drainBatch with partition leases: the last batch's
-// mark, the costliest statement (a non-HOT update per row), runs on a
-// connection of its own while this batch is read and published; the read
-// leaves the last batch's rows out, and may take the next event of their
-// keys, which is published after them. (A batch whose publishes failed
-// records that before it returns, so the read already sees those rows
-// waiting for their retry.)
-func (r *Relay) drainOverlapped(ctx context.Context, op flagOp, prev *pendingMark, deferMark bool) (BatchResult, *pendingMark, error) {
-	join := r.markAsync(ctx, prev)
-	res, next, err := r.drainOne(ctx, op, nil, prev.seqs, deferMark)
+// drainBeside: the last batch's mark, the costliest statement (a non-HOT
+// update per row), runs on a connection of its own while this batch is read
+// and published; the read leaves the last batch's rows out, and may take
+// the next event of their keys, which is published after them. (A batch
+// whose publishes failed records that before it returns, so the read
+// already sees those rows waiting for their retry.)
+func (p *partitionLeases) drainBeside(ctx context.Context, prev *pendingMark, drain func() (BatchResult, *pendingMark, error)) (BatchResult, *pendingMark, error) {
+	join := p.r.markAsync(ctx, prev)
+	p.inFlight = prev.seqs
+	res, next, err := drain()
+	p.inFlight = nil
 	var prevRes BatchResult
 	if merr := join(&prevRes); merr != nil {
 		err = errors.Join(err, merr)
