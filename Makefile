@@ -55,7 +55,7 @@ test:
 # The fault-injection suite (internal/chaos): 5,000 TEDs while relays,
 # consumers, PostgreSQL and Redis are killed, cut and blackholed. It starts
 # its own PostgreSQL and Redis from the local binaries. CI runs the short
-# version: make chaos CHAOS_FLAGS='-chaos.n 2500 -chaos.short'.
+# version in five settings (.ci/run): make chaos CHAOS_FLAGS='-chaos.n 4500 -chaos.short'.
 # Replay a run's fault schedule with CHAOS_FLAGS='-chaos.seed N'. On a local
 # Redis Cluster (3 masters + 3 replicas, --min-replicas 1, 16 partitions):
 # CHAOS_FLAGS='-chaos.cluster' (add -chaos.min-replicas 0 to see the loss).
@@ -63,8 +63,12 @@ test:
 # (-chaos.ownership auto: the relays' default, which chooses partitions there).
 # On NATS JetStream (relays and consumers with --broker nats, the server's own
 # faults): CHAOS_FLAGS='-chaos.nats'.
+# CHAOS_RUN picks the suite's tests: TestRelayAfterHalfOpenPostgres takes none
+# of the flags (one relay claiming rows, one Redis), so .ci/run runs it with
+# its first setting only (CHAOS_RUN=TestChaos for the others).
+CHAOS_RUN ?= ^(TestChaos|TestRelayAfterHalfOpenPostgres)$$
 chaos:
-	$(GO) test -count=1 -v -timeout 20m -run '^(TestChaos|TestRelayAfterHalfOpenPostgres)$$' ./internal/chaos -chaos $(CHAOS_FLAGS)
+	$(GO) test -count=1 -v -timeout 20m -run '$(CHAOS_RUN)' ./internal/chaos -chaos $(CHAOS_FLAGS)
 
 # The charts of docs/charts (ratios.svg, latency.svg, failover.svg), drawn
 # from the committed results of 'outbox bench --json' (docs/charts/results.jsonl);

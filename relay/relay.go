@@ -130,7 +130,6 @@ func New(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("%w: the broker waits up to %s for its replicas: the publish timeout (%s) must be longer",
 			ErrConfig, c.ConfirmTimeout(), cfg.PublishTimeout)
 	}
-	cfg = cfg.withDefaults()
 	r := &Relay{
 		cfg:  cfg,
 		pool: pool,
