@@ -345,6 +345,21 @@ func drainStaleBacklog(t *testing.T, published int) {
 // moment: the hole from the earlier event, the floor past it.
 func TestReadLeavesOutAKeysEventBehindOneInTheHole(t *testing.T) {
 	t.Parallel()
+	testReadWithAHole(t, false)
+}
+
+// The same, with a requeue landing while the read runs: the requeue's
+// nextval makes the floor's functions answer 0 from then on, so a check
+// evaluated after it must not take the hole for empty while the read's
+// scan started at the floor (found by a review; here the requeue is made
+// to land after the scan started and before the first row's checks, by a
+// slot function that draws the requeue sequence once).
+func TestReadLeavesOutAKeysEventBehindOneInTheHoleWhenARequeueLandsMidRead(t *testing.T) {
+	t.Parallel()
+	testReadWithAHole(t, true)
+}
+
+func testReadWithAHole(t *testing.T, requeueMidRead bool) {
 	f := newFixture(t)
 	early := writeEvent(t, f, nil, "held")
 	later := writeEvent(t, f, nil, "held")
@@ -361,6 +376,20 @@ func TestReadLeavesOutAKeysEventBehindOneInTheHole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(f.Ctx) }()
+	if requeueMidRead {
+		// Rolled back with the transaction.
+		if _, err := tx.Exec(f.Ctx, `CREATE OR REPLACE FUNCTION outbox_relay_slot(key text, slots integer) RETURNS integer
+			LANGUAGE plpgsql VOLATILE AS $$
+			BEGIN
+			    IF current_setting('test.requeued', true) IS DISTINCT FROM '1' THEN
+			        PERFORM set_config('test.requeued', '1', true);
+			        PERFORM nextval('outbox_relay_requeues');
+			    END IF;
+			    RETURN (('x' || substr(md5(key), 1, 8))::bit(32)::bigint % greatest(slots, 1))::int;
+			END $$`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := tx.Exec(f.Ctx, `SELECT set_config('outbox.read_from', $1, true), set_config('outbox.keys_from', $2, true),
 		       set_config('outbox.requeues', coalesce(pg_sequence_last_value('outbox_relay_requeues'), 0)::text, true)`,
 		strconv.FormatInt(seq(later), 10), strconv.FormatInt(seq(early), 10)); err != nil {
@@ -381,6 +410,12 @@ func TestReadLeavesOutAKeysEventBehindOneInTheHole(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+	if requeueMidRead {
+		var requeued string
+		if err := tx.QueryRow(f.Ctx, "SELECT coalesce(current_setting('test.requeued', true), '')").Scan(&requeued); err != nil || requeued != "1" {
+			t.Fatalf("the requeue did not land during the read (%q, %v)", requeued, err)
+		}
 	}
 	if !slices.Equal(read, []uuid.UUID{other}) {
 		t.Fatalf("the read took %v; want only the other key's event %v (the held key's later event %v waits for %v, in the hole)",
