@@ -65,7 +65,8 @@ test:
 # faults): CHAOS_FLAGS='-chaos.nats'.
 # CHAOS_RUN picks the suite's tests: TestRelayAfterHalfOpenPostgres takes none
 # of the flags (one relay claiming rows, one Redis), so .ci/run runs it with
-# its first setting only (CHAOS_RUN=TestChaos for the others).
+# its first setting only (CHAOS_RUN=TestChaos for the others; make expands a
+# '$' in the value: write '$$').
 CHAOS_RUN ?= ^(TestChaos|TestRelayAfterHalfOpenPostgres)$$
 chaos:
 	$(GO) test -count=1 -v -timeout 20m -run '$(CHAOS_RUN)' ./internal/chaos -chaos $(CHAOS_FLAGS)

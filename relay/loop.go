@@ -36,7 +36,8 @@ type drainState struct {
 	held heldClaims
 	// idle: a drain ended and the drainer waits, caught up, no wake-up
 	// queued (tests only: testsignal.Relay); resynced is the LISTEN
-	// connection (listener.established) whose catch-up drain ran last.
+	// connection (listener.established) whose catch-up drain started
+	// last (the signal waits for a drain that succeeded after it).
 	idle     testsignal.Signal[uint64]
 	resynced uint64
 }

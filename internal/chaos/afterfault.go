@@ -24,15 +24,26 @@ import (
 // sent on a connection that went silent waits for its timeout (the relay's
 // claim 10 s, a consumer's read --block + 10 s), which no fault's end
 // shortens; they have their own bound, those timeouts and a reconnection.
+// So is a Redis that refuses writes (redis-oom) for T seconds: the relay
+// backs off while the broker refuses whole batches, doubling from 100 ms
+// up to 10 s, each step drawn from its upper half (docs/design.md: an
+// outage costs a publish round per step, not one per commit). A step that
+// began at s, just before the refusals ended, lasts at most twice what the
+// steps before it took (at least half each), so the next try comes at most
+// 2T after they end, and 10 s: the bound is maxAfterFault + min(2T, 10 s).
 const (
 	maxAfterFault         = 2 * time.Second
 	maxAfterHalfOpenFault = 15 * time.Second
+	relayBrokerBackoffMax = 10 * time.Second // relay/drain.go, brokerRefused
 )
 
-// afterFaultLimit is the longest an event may wait after a fault of kind.
-func afterFaultLimit(kind string) time.Duration {
-	if kind == Blackhole {
+// afterFaultLimit is the longest an event may wait after f.
+func afterFaultLimit(f FaultRecord) time.Duration {
+	switch f.Kind {
+	case Blackhole:
 		return maxAfterHalfOpenFault
+	case RedisOOM:
+		return maxAfterFault + min(2*max(f.End.Sub(f.Start), 0), relayBrokerBackoffMax)
 	}
 	return maxAfterFault
 }
@@ -67,11 +78,11 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 			if f.End.After(start) {
 				start, last = f.End, i
 			}
-			if lim := afterFaultLimit(f.Kind); lim > limit && f.End.Add(lim).After(e.Ready) {
+			if lim := afterFaultLimit(f); lim > limit && f.End.Add(lim).After(e.Ready) {
 				limit, halfOpen = lim, i
 			}
 		}
-		if last < 0 || (halfOpen >= 0 && afterFaultLimit(faults[last].Kind) < limit) {
+		if last < 0 || (halfOpen >= 0 && afterFaultLimit(faults[last]) < limit) {
 			last = halfOpen
 		}
 		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last, limit: limit})

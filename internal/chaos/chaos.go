@@ -21,6 +21,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -202,6 +203,10 @@ type run struct {
 
 	settleDone chan struct{}
 	settleRuns int
+	// mustFireLeft counts the planned faults that test something only
+	// when traffic makes them fire (mustFire) not injected yet: while any
+	// is left, the load keeps its last TEDs for them (load.go, reserve).
+	mustFireLeft atomic.Int32
 	// The load's phases (load.go), drawn from loadRng (the settle loop's
 	// own: rand.Rand is not safe for concurrent use).
 	loadRng      *rand.Rand
@@ -287,6 +292,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	loadCtx, cancelLoad := context.WithCancel(ctx)
 	defer cancelLoad()
 	r.loadStart = time.Now()
+	r.mustFireLeft.Store(1) // until injectFaults has its plan
 	go r.settleLoop(loadCtx)
 	go r.flakyLoop(loadCtx, settleAccounts)
 	monCtx, cancelMon := context.WithCancel(ctx)

@@ -183,6 +183,10 @@ func (r *run) settled() bool {
 // recover, then a random pause.
 func (r *run) injectFaults(ctx context.Context) {
 	plan := r.mandatory()
+	r.mustFireLeft.Store(int32(len(slices.DeleteFunc(slices.Clone(plan), func(f planned) bool {
+		return !slices.Contains(mustFire, f.kind)
+	}))))
+	defer r.mustFireLeft.Store(0)
 	for i := 0; ctx.Err() == nil; i++ {
 		var f planned
 		if i < len(plan) {
@@ -204,6 +208,9 @@ func (r *run) injectFaults(ctx context.Context) {
 			continue
 		}
 		rec := r.inject(ctx, f)
+		if i < len(plan) && slices.Contains(mustFire, f.kind) {
+			r.mustFireLeft.Add(-1)
+		}
 		rec.Recovery = r.waitRecovery(ctx, rec)
 		r.mu.Lock()
 		r.faults = append(r.faults, rec)

@@ -24,12 +24,25 @@ func (r *run) failpoint(point string) (detail, note string) {
 	if _, err := p.arm(spec); err != nil {
 		r.problem("arming %s: %v", detail, err)
 	}
-	select {
-	case <-p.fired:
-		return detail, "fired: the process SIGKILLed itself there"
-	case <-time.After(30 * time.Second):
-		p.kill()
-		return detail, "did not fire within 30s (no traffic?); killed instead"
+	// Traffic through the point: a burst every 2 s until it fires, the
+	// first once the restarted process has had a second to take its share
+	// (the load keeps TEDs for them: load.go, reserve).
+	burst := time.NewTicker(2 * time.Second)
+	first := time.After(time.Second)
+	defer burst.Stop()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case <-p.fired:
+			return detail, "fired: the process SIGKILLed itself there"
+		case <-first:
+			r.requestBurst()
+		case <-burst.C:
+			r.requestBurst()
+		case <-deadline:
+			p.kill()
+			return detail, "did not fire within 30s (no traffic?); killed instead"
+		}
 	}
 }
 

@@ -46,7 +46,11 @@ func (r *run) settleLoop(ctx context.Context) {
 			r.logf("load done: %d transfers committed by %d settle runs (%d bursts, %d lulls)", committed, r.settleRuns, r.bursts, r.lulls)
 			return
 		}
-		ph := r.nextPhase()
+		ph, ok := r.reserve(r.nextPhase(), remaining, int(r.mustFireLeft.Load()))
+		if !ok {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
 		if ph.lull > 0 {
 			r.lulls++
 			time.Sleep(ph.lull)
@@ -119,6 +123,9 @@ type phase struct {
 	// rows committed just before a relay stopped must not be rescued by the
 	// next commit's NOTIFY).
 	lullAfter time.Duration
+	// requested: a fault asked for this burst (requestBurst,
+	// requestDeployBurst); it may take the TEDs held for such faults.
+	requested bool
 }
 
 // Load phases: a steady stretch lasts steadyFor at cfg.Rate; a burst is
@@ -144,9 +151,10 @@ func (r *run) nextPhase() phase {
 	burst := phase{count: burstCount, rate: max(burstFactor*r.cfg.Rate, burstMinRate), burst: true}
 	select {
 	case <-r.deployBurst:
-		burst.count, burst.lullAfter = deployBurstCount, deployLull
+		burst.count, burst.lullAfter, burst.requested = deployBurstCount, deployLull, true
 		return burst
 	case <-r.burstNow:
+		burst.requested = true
 		return burst
 	default:
 	}
@@ -158,6 +166,32 @@ func (r *run) nextPhase() phase {
 	default:
 		return phase{lull: time.Second + time.Duration(r.loadRng.Int64N(int64(time.Second)))}
 	}
+}
+
+// reserve keeps the load's last TEDs for the faults that test something only
+// when traffic makes them fire (mustFire: left of them not injected yet),
+// which come after the faults that need the load running: a run whose
+// other faults took longer than the load once armed its fail points with
+// nothing left to settle. Below 2 × hold TEDs left (hold: a burst's worth
+// for each such fault), the load trickles at a quarter of its rate, and a
+// burst a fault asks for (requestBurst) is a third of a burst, so that each
+// fault has three; below hold, it settles only the bursts faults ask for
+// (those, and a deploy's), and reports false meanwhile. ph is the phase
+// nextPhase chose.
+func (r *run) reserve(ph phase, remaining, left int) (phase, bool) {
+	hold := burstCount * left
+	switch {
+	case left == 0 || remaining > 2*hold:
+		return ph, true
+	case ph.requested:
+		if ph.lullAfter == 0 { // not a deploy's
+			ph.count = min(ph.count, burstCount/3)
+		}
+		return ph, true
+	case remaining > hold:
+		return phase{count: min(remaining-hold, 5), rate: max(r.cfg.Rate/4, 1)}, true
+	}
+	return phase{}, false
 }
 
 // cutBurst ends a deploy's burst now: its settle process is killed, and

@@ -168,3 +168,39 @@ func TestNATSModeFaultsCoverItsKinds(t *testing.T) {
 		}
 	}
 }
+
+// The load keeps its last TEDs for the faults that must fire (a fail point
+// armed after the load ran out tested nothing): it trickles above the
+// reserve's hold and, below it, settles only the bursts faults ask for.
+func TestLoadKeepsItsLastTEDsForTheFaultsThatMustFire(t *testing.T) {
+	r := &run{cfg: Config{Rate: 40}}
+	steady := phase{count: 120, rate: 40}
+	asked := phase{count: burstCount, rate: 400, burst: true, requested: true}
+	askedThird := asked
+	askedThird.count = burstCount / 3
+	deploy := phase{count: deployBurstCount, rate: 400, burst: true, requested: true, lullAfter: deployLull}
+	hold := burstCount * 3
+	for _, c := range []struct {
+		name            string
+		ph              phase
+		remaining, left int
+		want            phase
+		settles         bool
+	}{
+		{"well above the reserve", steady, 2*hold + 1, 3, steady, true},
+		{"no fault left to fire", steady, 1, 0, steady, true},
+		{"in the reserve: a trickle", steady, 2 * hold, 3, phase{count: 5, rate: 10}, true},
+		{"the trickle stops at the hold", steady, hold + 2, 3, phase{count: 2, rate: 10}, true},
+		{"at the hold: nothing unasked", steady, hold, 3, phase{}, false},
+		{"above the reserve: a fault's burst whole", asked, 2*hold + 1, 3, asked, true},
+		{"in the reserve: a third of a fault's burst", asked, 2 * hold, 3, askedThird, true},
+		{"at the hold: a third of a fault's burst", asked, hold, 3, askedThird, true},
+		{"at the hold: a deploy's burst whole", deploy, hold, 3, deploy, true},
+	} {
+		got, ok := r.reserve(c.ph, c.remaining, c.left)
+		if ok != c.settles || got != c.want {
+			t.Errorf("%s: reserve(%+v, %d left, %d faults) = %+v, %v; want %+v, %v",
+				c.name, c.ph, c.remaining, c.left, got, ok, c.want, c.settles)
+		}
+	}
+}

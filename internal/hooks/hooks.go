@@ -4,8 +4,8 @@
 // internal/relaytest and internal/consumertest); a service runs Run.
 //
 // A Step is typed at both ends: the package that has the step sets a
-// func(context.Context, *T) (R, error) with Set, and its test kit calls it
-// with Call and the same types. This package cannot name *relay.Relay or
+// func(context.Context, T) (R, error) with Set (T: *relay.Relay, say), and
+// its test kit calls it with Call and the same types. This package cannot name *relay.Relay or
 // *consumer.Consumer (they import it), so it holds the function untyped
 // in between; Call checks the types once and panics with both named when
 // the two ends disagree (a test of each kit calls every step).
