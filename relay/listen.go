@@ -227,13 +227,6 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	// A partition owner renews now: its slots carry the new pid (row
 	// claims never read slotsFreed).
 	r.slotsFreed.Store(true)
-	// Notifications sent while no connection listened are lost, and a
-	// PostgreSQL crash may have undone the flag's last change: the drain
-	// kicked below catches up and tells writers again that the relay
-	// sleeps. (Set before listenUp: a drainer that sees the connection up
-	// and resync clear has run that drain.)
-	l.established.Add(1)
-	l.resync.Store(true)
 	r.stats.listenUp.Store(true)
 	r.cfg.Metrics.listen(true)
 	if failures > 0 {
@@ -242,6 +235,12 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 	} else {
 		r.log.Debug("listening", slog.String("channel", r.cfg.Channel))
 	}
+	// Notifications sent while no connection listened are lost, and a
+	// PostgreSQL crash may have undone the flag's last change: the drain
+	// this wakes catches up and tells writers again that the relay sleeps.
+	// (established first: the drain that takes resync notes it.)
+	l.established.Add(1)
+	l.resync.Store(true)
 	r.kick()
 	// A relay of this name may have died just before: take its claims now.
 	r.reaper.bury(watchDead)

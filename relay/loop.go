@@ -124,7 +124,9 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		}
 		if err == nil && len(r.wake) == 0 && r.stats.listenUp.Load() && !r.listener.resync.Load() {
 			// Caught up: listening, and the drain the LISTEN connection
-			// asked for when it came up has run (it sets resync first).
+			// asked for when it came up has run. (Between listenUp and
+			// resync, resynced still names the connection before: a test
+			// waits for a number past it.)
 			r.loop.idle.Send(r.loop.resynced)
 		}
 	wait:
