@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -86,8 +87,9 @@ func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), nil)
+	sig := relaytest.Signals(r)
 	f.Run(r.Run)
-	outboxtest.Eventually(t, 5*time.Second, func() bool { return r.Stats().ListenUp }, "relay never LISTENed")
+	relaytest.WaitCaughtUp(t, sig, 0) // asleep: the first commit must wake it
 
 	const writers, each = 4, 100
 	errs := make(chan error, writers)
@@ -101,6 +103,11 @@ func TestNotifyOnlyWhileRelaySleeps(t *testing.T) {
 				if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
 					errs <- err
 					return
+				}
+				if i%10 == 9 {
+					// A trickle, not a flood: the relay catches up
+					// between waves and must be woken again.
+					time.Sleep(5 * time.Millisecond)
 				}
 			}
 			errs <- nil
