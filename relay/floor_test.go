@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -216,24 +215,16 @@ func writeEvent(t *testing.T, f *fixture, tx pgx.Tx, key string) uuid.UUID {
 // startedRelay is relayOnPool's relay after a drain of an empty outbox: what
 // a relay reads once as it starts (the choice of an auto relay walks every
 // unpublished entry: relay_ownership_auto.sql) is then behind it.
-func startedRelay(f *fixture, name string) (*relay.Relay, *pgxpool.Pool) {
+// It also returns when the relay made its first claim (restartsSince).
+func startedRelay(f *fixture, name string) (*relay.Relay, *pgxpool.Pool, time.Time) {
 	f.T.Helper()
 	r, pool := relayOnPool(f, name)
-	startedMu.Lock()
-	started[r] = time.Now()
-	startedMu.Unlock()
+	started := time.Now()
 	if got := f.DrainAll(r); got != 0 {
 		f.T.Fatalf("published %d events of an outbox with none to publish", got)
 	}
-	return r, pool
+	return r, pool, started
 }
-
-// started is when each relay of startedRelay made its first claim (tests
-// run in parallel: guarded by startedMu).
-var (
-	startedMu sync.Mutex
-	started   = map[*relay.Relay]time.Time{}
-)
 
 // floorFullEvery is relay/floor.go's: every 30 s the floor starts again
 // from 0, and the next read walks the unpublished index from its start,
@@ -243,12 +234,10 @@ var (
 // in .ci/run) meets such a restart: each is allowed twice the rows written.
 const floorFullEvery = 30 * time.Second
 
-// restartsSince bounds how many times r's floor started again from 0 since
-// r was started (startedRelay).
-func restartsSince(r *relay.Relay) int {
-	startedMu.Lock()
-	defer startedMu.Unlock()
-	return int(time.Since(started[r]) / floorFullEvery)
+// restartsSince bounds how many times a relay's floor started again from 0
+// since its first claim at started (startedRelay).
+func restartsSince(started time.Time) int {
+	return int(time.Since(started) / floorFullEvery)
 }
 
 // countedDrain drains the n events waiting with r, closes its pool (named
@@ -351,13 +340,13 @@ func drainStaleBacklog(t *testing.T, published int) {
 	}
 	f.Exec("ANALYZE outbox_messages")
 	// The relay starts before the backlog arrives (startedRelay).
-	r, pool := startedRelay(f, "stale-stats")
+	r, pool, started := startedRelay(f, "stale-stats")
 	if _, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
 		SELECT 'floor', 'k' || g, 'x', '{}', 'k' || g FROM generate_series(1, $1::int) g`, n); err != nil {
 		t.Fatal(err)
 	}
 	read := countedDrain(f, r, pool, "stale-stats", n)
-	limit := 4*n + restartsSince(r)*2*(n+published)
+	limit := 4*n + restartsSince(started)*2*(n+published)
 	t.Logf("%d index entries read to drain %d events", read, n)
 	if read > limit {
 		t.Fatalf("draining %d events read %d entries of the unpublished indexes (want at most %d): each read scanned every pending row",
@@ -463,7 +452,7 @@ func TestReadsBesideManyRowsWaitingForARetry(t *testing.T) {
 	const n = 10_000
 	f := newFixture(t)
 	f.Exec("ALTER TABLE outbox_messages SET (autovacuum_enabled = false)")
-	r, pool := startedRelay(f, "retrying")
+	r, pool, started := startedRelay(f, "retrying")
 	// An outbox that has run a while: its published rows are most of the
 	// table the statistics see.
 	if _, err := f.Pool.Exec(f.Ctx, `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, status, published_at)
@@ -477,7 +466,7 @@ func TestReadsBesideManyRowsWaitingForARetry(t *testing.T) {
 	}
 	f.Exec("ANALYZE outbox_messages")
 	read := countedDrain(f, r, pool, "retrying", n)
-	limit := 4*n + restartsSince(r)*2*n
+	limit := 4*n + restartsSince(started)*2*n
 	t.Logf("%d index entries read to drain %d events, %d of them waiting for a retry", read, n, n/10)
 	if read > limit {
 		t.Fatalf("draining %d events beside %d retrying read %d index entries (want at most %d): each row's check walked the retrying rows",
