@@ -44,9 +44,7 @@ func TestStalledRelayIsTakenOverWithinASecond(t *testing.T) {
 	for _, ownership := range []string{relay.OwnRows, relay.OwnPartitions} {
 		t.Run(ownership, func(t *testing.T) {
 			f := newFixture(t)
-			cfg := f.RelayConfig("relay-b")
-			cfg.Ownership = ownership
-			b := f.NewRelay(cfg, nil)
+			b := f.NewRelay(f.RelayConfigOf("relay-b", ownership), nil)
 			f.Run(b.Run)
 			outboxtest.Eventually(t, 10*time.Second, func() bool { return b.Stats().ListenUp }, "relay-b not listening")
 

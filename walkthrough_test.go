@@ -112,9 +112,8 @@ func TestWalkthroughsRunAsWritten(t *testing.T) {
 		t.Fatalf("only %d shell blocks to run: the README's walkthroughs are ```sh blocks", len(run))
 	}
 
-	// make test runs this package twice at once (the second pass with
-	// OUTBOX_RELAY_OWNERSHIP=auto): the two runs take turns, as they share
-	// the checkout's bin/ and the Redis database.
+	// Two runs of this test at once in one checkout (two go test commands)
+	// take turns, as they share the checkout's bin/ and the Redis database.
 	lockWalkthrough(t)
 	env := walkthroughEnv(t)
 	// What the blocks write in the working directory (operations.md's

@@ -28,11 +28,7 @@ func TestRelaysOfBothOwnershipsNeverShareADatabase(t *testing.T) {
 			if first == relay.OwnPartitions {
 				second = relay.OwnRows
 			}
-			cfg := func(name, ownership string) relay.Config {
-				c := f.RelayConfig(name)
-				c.Ownership = ownership
-				return c
-			}
+			cfg := f.RelayConfigOf
 			running := f.NewRelay(cfg("r1", first), nil)
 			stop := f.Run(running.Run)
 			outboxtest.Eventually(t, 10*time.Second, func() bool { return running.Stats().ListenUp }, "the first relay never listened")
@@ -138,9 +134,7 @@ func TestAutoOwnershipFollowsTheRelaysRunning(t *testing.T) {
 // listens (holds its ownership lock).
 func runningRelay(ownership string) func(f *fixture) {
 	return func(f *fixture) {
-		c := f.RelayConfig("running")
-		c.Ownership = ownership
-		r := f.NewRelay(c, nil)
+		r := f.NewRelay(f.RelayConfigOf("running", ownership), nil)
 		f.Run(r.Run)
 		outboxtest.Eventually(f.T, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the running relay never listened")
 	}
@@ -155,8 +149,7 @@ func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
 	pool, _, proxy := f.ProxiedPool("")
 	proxy.Down()
 
-	cfg := f.RelayConfig("auto")
-	cfg.Ownership = relay.OwnAuto
+	cfg := f.RelayConfigOf("auto", relay.OwnAuto)
 	r := f.NewRelayWithPool(pool, cfg)
 	ctx, cancel := context.WithTimeout(f.Ctx, 1500*time.Millisecond)
 	defer cancel()
@@ -188,8 +181,7 @@ func TestAutoOwnershipWaitsForTheDatabase(t *testing.T) {
 // follows the relay it met.
 func TestAutoOwnershipChoosesAgainAfterMixedOwnership(t *testing.T) {
 	f := newFixture(t)
-	cfg := f.RelayConfig("auto")
-	cfg.Ownership = relay.OwnAuto
+	cfg := f.RelayConfigOf("auto", relay.OwnAuto)
 	auto := f.NewRelay(cfg, nil)
 	// Its choice, made while no relay ran: partitions.
 	if _, err := relaytest.DrainBatch(f.Ctx, auto); err != nil {

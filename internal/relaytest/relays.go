@@ -2,9 +2,12 @@ package relaytest
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,25 +26,57 @@ import (
 // partition leases, unless a relay claiming rows runs), else the zero
 // value's (row claims, the card's); the tests of one ownership set
 // Ownership themselves, and Relay.Ownership says which one a relay runs.
+//
+// make test runs again, with OUTBOX_RELAY_OWNERSHIP=auto, only the tests
+// listed in ownership_tests.txt: a test that calls RelayConfig must be
+// listed there, or it fails, so that no test of a relay of the variable's
+// ownership misses the second pass.
 func (f *Fixture) RelayConfig(name string) relay.Config {
-	return relay.Config{Name: name, StreamPrefix: f.StreamPrefix(), PollInterval: 10 * time.Minute,
-		Ownership: os.Getenv("OUTBOX_RELAY_OWNERSHIP")}
+	f.T.Helper()
+	if top, _, _ := strings.Cut(f.T.Name(), "/"); !slices.Contains(OwnershipTests(), top) {
+		f.T.Errorf("%s runs a relay of OUTBOX_RELAY_OWNERSHIP's ownership: list it in internal/relaytest/ownership_tests.txt, the tests make test runs again with auto", top)
+	}
+	return f.relayConfig(name, os.Getenv("OUTBOX_RELAY_OWNERSHIP"))
+}
+
+func (f *Fixture) relayConfig(name, ownership string) relay.Config {
+	return relay.Config{Name: name, StreamPrefix: f.StreamPrefix(), PollInterval: 10 * time.Minute, Ownership: ownership}
+}
+
+// ownershipTests is ownership_tests.txt: a test's name per line; '#'
+// starts a comment.
+//
+//go:embed ownership_tests.txt
+var ownershipTests string
+
+// OwnershipTests returns the tests listed in ownership_tests.txt.
+func OwnershipTests() []string {
+	var names []string
+	for line := range strings.Lines(ownershipTests) {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line != "" {
+			names = append(names, line)
+		}
+	}
+	return names
+}
+
+// RelayConfigOf is RelayConfig with the ownership given, whatever
+// OUTBOX_RELAY_OWNERSHIP says (auto included: auto's own tests).
+func (f *Fixture) RelayConfigOf(name, ownership string) relay.Config {
+	return f.relayConfig(name, ownership)
 }
 
 // RowsRelayConfig is RelayConfig for the tests of row claims themselves
 // (claimed_by, claim tokens, the reaper): Ownership OwnRows, whatever
 // OUTBOX_RELAY_OWNERSHIP says.
 func (f *Fixture) RowsRelayConfig(name string) relay.Config {
-	cfg := f.RelayConfig(name)
-	cfg.Ownership = relay.OwnRows
-	return cfg
+	return f.relayConfig(name, relay.OwnRows)
 }
 
 // PartitionRelayConfig is RelayConfig with partition leases.
 func (f *Fixture) PartitionRelayConfig(name string) relay.Config {
-	cfg := f.RelayConfig(name)
-	cfg.Ownership = relay.OwnPartitions
-	return cfg
+	return f.relayConfig(name, relay.OwnPartitions)
 }
 
 // NewRelay returns a relay on the fixture's pool publishing to rdb (nil: the
