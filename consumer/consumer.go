@@ -46,6 +46,7 @@ import (
 
 	"github.com/tedbank/outbox/consumer/source"
 	"github.com/tedbank/outbox/internal/redischeck"
+	"github.com/tedbank/outbox/internal/testsignal"
 	"github.com/tedbank/outbox/internal/tracing"
 )
 
@@ -66,6 +67,9 @@ type Consumer struct {
 	// handler's dedupe records (checkStreamAge).
 	streamAgeChecked atomic.Bool
 	group            *coordination // membership, leases, names: who applies what (ownership.go)
+	// reading: a worker is about to read its partition, whose number it
+	// sends (tests only: a test waits on it for a consumer in its read).
+	reading testsignal.Signal[int]
 	// The fail points of this kind of consumer (Config.Name).
 	afterRead, afterEffect string
 	outcomeAttr            string // the span attribute of a message's outcome

@@ -226,10 +226,14 @@ func TestJetStreamConsumerReplacesAHalfOpenConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.reading.Init()
 	defer start(c)()
 	e.publish(uuid.New(), "before")
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 1 }, "the first event was not applied")
-	time.Sleep(200 * time.Millisecond) // the consumer waits in its blocking fetch
+	c.reading.Clear() // the consumer waits in its blocking fetch, the next after the first event
+	if _, err := c.reading.WaitFor(10*time.Second, nil); err != nil {
+		t.Fatal(err)
+	}
 	px.Freeze()
 	e.publish(uuid.New(), "after") // through the test's own connection
 	started := time.Now()

@@ -119,16 +119,24 @@ type maintained struct{ *recorder }
 func (maintained) Maintain(ctx context.Context) { <-ctx.Done() }
 
 // slowOn is a recorder that takes its time over one aggregate's event
-// (every event when agg is empty).
+// (every event when agg is empty), and sends on begun (when set) as it
+// starts one.
 type slowOn struct {
 	*recorder
 	agg   string
 	delay time.Duration
+	begun chan struct{}
 }
 
 func (s slowOn) Handle(ctx context.Context, b Batch) []Result {
 	for _, m := range b.Messages {
 		if m.AggregateID == s.agg || s.agg == "" {
+			if s.begun != nil {
+				select {
+				case s.begun <- struct{}{}:
+				default:
+				}
+			}
 			time.Sleep(s.delay)
 		}
 	}
@@ -175,7 +183,8 @@ func twinReadsE2(t *testing.T, claimMinIdle time.Duration) (outboxtest.Redis, Co
 	cfg.Block = 100 * time.Millisecond
 	cfg.ClaimMinIdle = claimMinIdle
 	h := newRecorder(rdb.Client)
-	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond}, cfg)
+	begun := make(chan struct{}, 1)
+	c, err := New(rdb.Client, slowOn{recorder: h, agg: "e1", delay: 500 * time.Millisecond, begun: begun}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +195,11 @@ func twinReadsE2(t *testing.T, claimMinIdle time.Duration) (outboxtest.Redis, Co
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return owns(rdb, c, 0) }, "the consumer never took the stream")
 
 	publish(t, rdb, cfg.Stream, "e1")
-	time.Sleep(150 * time.Millisecond) // the owner is applying e1, slowly: not reading
+	select { // the owner is applying e1, slowly: not reading
+	case <-begun:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the owner never began to apply e1")
+	}
 	publish(t, rdb, cfg.Stream, "e2")
 	res, err := rdb.XReadGroup(context.Background(), &redis.XReadGroupArgs{
 		Group: "test", Consumer: "same", Streams: []string{cfg.Stream, ">"}, Count: 1, Block: -1,

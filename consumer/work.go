@@ -185,6 +185,7 @@ func leaseEpoch(fence string) (int64, error) {
 
 // read applies up to a batch of f's messages.
 func (c *Consumer) read(ctx context.Context, f feed, rd source.Reader) error {
+	c.reading.Send(f.part.n)
 	msgs, err := rd.Read(ctx, c.cfg.BatchSize, c.cfg.Block)
 	if len(msgs) > 0 {
 		if herr := c.handle(ctx, f, rd, msgs); herr != nil {

@@ -246,7 +246,7 @@ func TestFailingEntryAtTakeoverDoesNotStopOtherKeys(t *testing.T) {
 	}
 	l.run(c)
 	other := uuid.New()
-	time.Sleep(300 * time.Millisecond) // the takeover meets the failing entry
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Failed > 0 }, "the takeover never met the failing entry")
 	l.xaddKey(other, "Z", "sender-2")
 	outboxtest.Eventually(t, 5*time.Second, func() bool { return slices.Contains(l.applied(), other) },
 		"another sender's entry waited for the failing one the new owner took over")

@@ -68,7 +68,21 @@ func TestPostgresTLSThroughTheURL(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // the reload is asynchronous
+	// The reload is asynchronous: wait until a new session sees TLS on.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var on string
+		p, err := connect.Postgres(ctx, pg.URL, connect.PostgresOptions{AppName: "outbox-tls-admin"})
+		if err == nil {
+			err = p.QueryRow(ctx, "SHOW ssl").Scan(&on)
+			p.Close()
+		}
+		if on == "on" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ssl is %q 10 s after the reload (%v)", on, err)
+		}
+	}
 
 	pool, err := connect.Postgres(ctx, require, connect.PostgresOptions{AppName: "outbox-tls-test"})
 	if err != nil {
