@@ -94,8 +94,8 @@ func TestSummaryLine(t *testing.T) {
 	}
 }
 
-// A run whose busy errors (or fail points) injected under load all failed
-// to fire did not test them, and says so; one that fired passes, and so do
+// A run whose busy errors (or fail points, or Redis refusals) injected under
+// load all failed to fire did not test them, and says so; one that fired passes, and so do
 // faults injected after the load (nothing to fire on).
 func TestRunWhoseBusyErrorsNeverFiredFails(t *testing.T) {
 	missed := FaultRecord{Kind: BusyError, UnderLoad: true, Note: "did not fire within 30s (no traffic?)"}
@@ -109,6 +109,9 @@ func TestRunWhoseBusyErrorsNeverFiredFails(t *testing.T) {
 		{[]FaultRecord{missed, fired}, 0},
 		{[]FaultRecord{late, {Kind: KillRelay, UnderLoad: true}}, 0},
 		{[]FaultRecord{missed, {Kind: Failpoint, UnderLoad: true, Note: late.Note}}, 2},
+		{[]FaultRecord{{Kind: RedisOOM, UnderLoad: true, Note: "Redis refused no XADD: maxmemory 1"}}, 1},
+		{[]FaultRecord{{Kind: RedisOOM, UnderLoad: true, Note: "fired: maxmemory 1"}}, 0},
+		{[]FaultRecord{{Kind: RedisOOM, Note: "Redis refused no XADD: maxmemory 1"}}, 0},
 	} {
 		if got := (Result{Faults: c.faults}).unfired(); len(got) != c.want {
 			t.Errorf("faults %+v: problems %q, want %d", c.faults, got, c.want)

@@ -80,8 +80,9 @@ func (r Result) kinds() []string {
 
 // mustFire is the kinds of fault that test something only when they fire:
 // a fail point needs traffic through its point, a busy error a relay in
-// the busy state. Their notes start with "fired" when they did.
-var mustFire = []string{Failpoint, BusyError}
+// the busy state, a Redis refusing writes a relay publishing to it. Their
+// notes start with "fired" when they did.
+var mustFire = []string{Failpoint, BusyError, RedisOOM}
 
 // unfired reports each kind of mustFire injected while the load ran of
 // which not one fired: such a run passes while testing less than it says
