@@ -31,7 +31,7 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 	w := r.newWakeup(polled)
 	// Redis refused the last batch as a whole: wait out the backoff before
 	// the first claim, even if a notification woke this drain early, so that
-	// an outage costs one publish round per backoff step, not one per commit.
+	// an outage costs one probe per backoff step, not one per commit.
 	if wait := time.Until(r.loop.broker.downUntil); wait > 0 {
 		retry.Sleep(ctx, wait)
 	}
@@ -90,12 +90,22 @@ func (r *Relay) drain(ctx context.Context, polled bool) (published int, err erro
 	return published, nil
 }
 
+// The broker refused batches as a whole: the next claim comes after
+// brokerRetryMin, doubling up to brokerRetryMax.
+const (
+	brokerRetryMin = 100 * time.Millisecond
+	brokerRetryMax = time.Second
+)
+
 // brokerRefused backs off after the broker refused a batch as a whole (no
 // attempt counted), longer each time in a row, logging at the first and
-// every 20th.
+// every 20th. Until the broker takes a batch again, claims take one row: a
+// probe, so that an outage costs a round trip of one row per step, and the
+// steps can stay short (brokerTook doubles the rows back).
 func (r *Relay) brokerRefused(ctx context.Context, res BatchResult) {
 	r.loop.broker.failures++
-	d := retry.Backoff(r.loop.broker.failures, 100*time.Millisecond, 10*time.Second)
+	r.loop.batchCap = 1
+	d := retry.Backoff(r.loop.broker.failures, brokerRetryMin, brokerRetryMax)
 	r.loop.broker.downUntil = time.Now().Add(d)
 	level := slog.LevelDebug
 	if r.loop.broker.failures == 1 || r.loop.broker.failures%20 == 0 {

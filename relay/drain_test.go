@@ -18,7 +18,9 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
+	"github.com/tedbank/outbox/transfer"
 )
 
 // Four relays drain one backlog concurrently: every event is published
@@ -191,6 +193,73 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 	f.ExpireRelayLeases()
 	if n := f.DrainAll(f.NewRelay(cfg, nil)); n != 3 {
 		t.Fatalf("after the outage: %d published, want 3", n)
+	}
+}
+
+// A Redis of the test's own refuses writes (out of memory under noeviction)
+// for 6 s while TEDs settle, then takes them again. The relay probes it with
+// one row at a time, at most a second apart, and so publishes the backlog
+// within about a second of Redis taking writes again; before, it retried
+// whole batches at steps doubling up to 10 s and could wait up to twice the
+// outage. Every row it gave back during the outage was a probe's.
+func TestRelayIsBackWithinASecondOfRedisTakingWritesAgain(t *testing.T) {
+	srv, err := testenv.LocalRedis(t.Context(), testenv.Options{ExtraArgs: []string{"--maxmemory-policy", "noeviction"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	opt, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	f := newFixture(t)
+	r := f.NewRelay(f.RelayConfig("r1"), rdb)
+	sig := relaytest.Signals(r)
+	f.Run(r.Run)
+	relaytest.WaitCaughtUp(t, sig, 0)
+	f.Settle(1)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().Published == 1 }, "the first TED was not published")
+
+	if err := rdb.ConfigSet(f.Ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := r.Stats()
+	// TEDs of senders of their own: a claim may take them all.
+	const outage = 6 * time.Second
+	settled := 1
+	for end := time.Now().Add(outage); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		ted := transfer.Transfer{ID: uuid.New(), FromAccount: fmt.Sprintf("sender-%03d", settled), ToAccount: "acct-07", AmountCents: 100}
+		if _, err := transfer.Settle(f.Ctx, f.Pool, ted); err != nil {
+			t.Fatal(err)
+		}
+		settled++
+	}
+	during := r.Stats()
+	if err := rdb.ConfigSet(f.Ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return r.Stats().Published == int64(settled) },
+		"%d of %d TEDs published", r.Stats().Published, settled)
+	took := time.Since(back)
+	claims, released := during.Claims-before.Claims, during.Released-before.Released
+	t.Logf("outage %s: %d claims gave back %d rows; the %d TEDs were published %s after Redis took writes again",
+		outage, claims, released, settled-1, took.Round(time.Millisecond))
+	if during.Published != before.Published {
+		t.Fatalf("%d published while Redis refused writes", during.Published-before.Published)
+	}
+	// The first refused claim may have held the few rows settled before it;
+	// every claim after it is a probe of one.
+	if released == 0 || released > claims+3 {
+		t.Errorf("%d claims gave back %d rows during the outage: want one row a claim after the first refusal", claims, released)
+	}
+	// A probe's step is at most a second; the rest is slack for a loaded
+	// machine under -race.
+	if took > 2*time.Second {
+		t.Errorf("the backlog was published %s after Redis took writes again, want within about a second", took.Round(time.Millisecond))
 	}
 }
 

@@ -25,7 +25,8 @@ type drainState struct {
 	db     dbBackoff
 	broker brokerBackoff
 	// batchCap, when not 0, caps the rows of a claim below BatchSize: a
-	// publish timed out, and was retried smaller (drain.go).
+	// publish timed out, and was retried smaller, or the broker refused a
+	// batch, and claims probe it with one row (drain.go).
 	batchCap int
 	// floor is where the claims' reads start (floor.go); lastRead the rows
 	// the last claim returned.

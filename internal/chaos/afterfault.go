@@ -25,16 +25,17 @@ import (
 // claim 10 s, a consumer's read --block + 10 s), which no fault's end
 // shortens; they have their own bound, those timeouts and a reconnection.
 // So is a Redis that refuses writes (redis-oom) for T seconds: the relay
-// backs off while the broker refuses whole batches, doubling from 100 ms
-// up to 10 s, each step drawn from its upper half (docs/design.md: an
-// outage costs a publish round per step, not one per commit). A step that
-// began at s, just before the refusals ended, lasts at most twice what the
-// steps before it took (at least half each), so the next try comes at most
-// 2T after they end, and 10 s: the bound is maxAfterFault + min(2T, 10 s).
+// backs off while the broker refuses whole batches, probing it with one row
+// at steps doubling from 100 ms up to 1 s, each drawn from its upper half
+// (docs/design.md: an outage costs a probe per step, not a round per
+// commit). A step that began at s, just before the refusals ended, lasts at
+// most twice what the steps before it took (at least half each), so the next
+// try comes at most 2T after they end, and 1 s: the bound is maxAfterFault +
+// min(2T, 1 s).
 const (
 	maxAfterFault         = 2 * time.Second
 	maxAfterHalfOpenFault = 15 * time.Second
-	relayBrokerBackoffMax = 10 * time.Second // relay/drain.go, brokerRefused
+	relayBrokerBackoffMax = time.Second // relay/drain.go, brokerRetryMax
 )
 
 // afterFaultLimit is the longest an event may wait after f.

@@ -56,16 +56,16 @@ func TestWaitsAfterFaults(t *testing.T) {
 	}
 }
 
-// A Redis that refused writes for T seconds: the relay's backoff may run
-// up to 2T past the refusals' end (10 s at most), so its events' bound is
-// 2 s + min(2T, 10 s).
+// A Redis that refused writes for T seconds: the relay's probes' step may
+// run up to 2T past the refusals' end (1 s at most), so its events' bound is
+// 2 s + min(2T, 1 s).
 func TestWaitsAfterARedisThatRefusedWrites(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	faults := []FaultRecord{{Kind: RedisOOM, Start: at(10), End: at(14)}}
 	events := []eventTiming{
-		{ID: "backed-off", Ready: at(11), Publish: at(23.5)}, // 9.5 s after: within 2 s + 8 s
-		{ID: "too-late", Ready: at(12), Publish: at(24.5)},   // 10.5 s after
+		{ID: "backed-off", Ready: at(11), Publish: at(16.9)}, // 2.9 s after: within 2 s + 1 s
+		{ID: "too-late", Ready: at(12), Publish: at(17.2)},   // 3.2 s after
 		{ID: "calm-after", Ready: at(30), Publish: at(32.5)}, // no fault: 2.5 s
 	}
 	r := &run{logf: func(string, ...any) {}}
