@@ -54,18 +54,8 @@ func TestRedisDurabilityCheck(t *testing.T) {
 // policy is read from INFO, here on a Redis that forbids CONFIG, as managed
 // services do. Allowed explicitly, both run (and the relay publishes).
 func TestEvictingRedisIsRefused(t *testing.T) {
-	srv, err := testenv.LocalRedis(t.Context(), testenv.Options{ExtraArgs: []string{
-		"--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", ""}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	opt, err := redis.ParseURL(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
+	srv := outboxtest.OwnRedis(t, "--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", "")
+	rdb := srv.Client
 	if err := rdb.ConfigGet(t.Context(), "maxmemory-policy").Err(); err == nil {
 		t.Fatal("CONFIG answers: the test's Redis is not like a managed one")
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/tedbank/outbox"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
-	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
@@ -203,17 +202,7 @@ func TestBrokerOutageDoesNotBurnAttempts(t *testing.T) {
 // whole batches at steps doubling up to 10 s and could wait up to twice the
 // outage. Every row it gave back during the outage was a probe's.
 func TestRelayIsBackWithinASecondOfRedisTakingWritesAgain(t *testing.T) {
-	srv, err := testenv.LocalRedis(t.Context(), testenv.Options{ExtraArgs: []string{"--maxmemory-policy", "noeviction"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	opt, err := redis.ParseURL(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := outboxtest.OwnRedis(t, "--maxmemory-policy", "noeviction").Client
 
 	f := newFixture(t)
 	r := f.NewRelay(f.RelayConfig("r1"), rdb)

@@ -262,6 +262,26 @@ func NewRedis(t testing.TB) Redis {
 	return Redis{Client: rdb, URL: redisServer.URL, Prefix: prefix}
 }
 
+// OwnRedis starts a Redis server of t's own from the local redis-server
+// binary, with args (redis-server options), for a test that changes what
+// the whole server does (its maxmemory, its policy); both the client and
+// the server go when t ends. Its Prefix is empty: every key is the test's.
+func OwnRedis(t testing.TB, args ...string) Redis {
+	t.Helper()
+	srv, err := testenv.LocalRedis(context.Background(), testenv.Options{ExtraArgs: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	opt, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return Redis{Client: rdb, URL: srv.URL}
+}
+
 // Binary builds cmd/outbox once per test binary and returns its path, for
 // tests that run and kill the real command.
 func Binary(t testing.TB) string {
