@@ -153,10 +153,13 @@ func cutsPostgres(f FaultRecord) bool {
 
 // Kinds of relay log line the timeline reads.
 const (
-	evListening   = "listening"
-	evListenLost  = "listen connection lost; reconnecting"
-	evBackoff     = "redis unavailable; backing off"
-	evDrainFailed = "drain failed; retrying"
+	evListening = "listening"
+	// evReestablished is "listening" after failed tries (relay/listen.go);
+	// the analysis reads it as evListening.
+	evReestablished = "listen connection re-established"
+	evListenLost    = "listen connection lost; reconnecting"
+	evBackoff       = "redis unavailable; backing off"
+	evDrainFailed   = "drain failed; retrying"
 )
 
 // eventTiming is one event's commit and first publish.

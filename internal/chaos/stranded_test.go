@@ -59,6 +59,11 @@ func (l *relayLog) listening(d time.Duration) {
 	l.line(d, slog.LevelDebug, "listening", "channel", "outbox_messages")
 }
 
+// reestablished logs a LISTEN connection back after failed tries.
+func (l *relayLog) reestablished(d time.Duration) {
+	l.line(d, slog.LevelInfo, "listen connection re-established", "channel", "outbox_messages", "failed_attempts", 2)
+}
+
 func (l *relayLog) listenLost(d, retry time.Duration) {
 	l.line(d, slog.LevelWarn, "listen connection lost; reconnecting", "error", errors.New(`ping: write tcp 127.0.0.1:1->127.0.0.1:2: i/o timeout`),
 		"attempt", 1, "retry_in", retry)
@@ -94,7 +99,7 @@ func TestParseRelayLog(t *testing.T) {
 	l.ended(1)
 	l.start(2, 3*time.Second)
 	l.listenLost(4*time.Second, 200*ms)
-	l.listening(4300 * ms)
+	l.reestablished(4300 * ms)
 	got := parseRelayLog(l.buf.Bytes())
 	if len(got[1]) != 2 || len(got[2]) != 2 {
 		t.Fatalf("events by incarnation: %+v\nlog:\n%s", got, l.buf.String())
@@ -108,10 +113,13 @@ func TestParseRelayLog(t *testing.T) {
 	if e := got[2][0]; e.msg != evListenLost || e.retryIn != 200*ms || !e.at.Equal(at(4*time.Second)) || !e.hung {
 		t.Errorf("incarnation 2 event 0 = %+v", e)
 	}
+	if e := got[2][1]; e.msg != evListening || !e.at.Equal(at(4300*ms)) {
+		t.Errorf("incarnation 2 event 1 (re-established after failed tries) = %+v, want %q", e, evListening)
+	}
 }
 
 // The timeline of one relay: killed and restarted, a Redis backoff, a lost
-// LISTEN connection.
+// LISTEN connection, back after failed tries.
 func TestBuildTimeline(t *testing.T) {
 	l := newRelayLog("r1")
 	l.start(1, 0)
@@ -122,7 +130,7 @@ func TestBuildTimeline(t *testing.T) {
 	l.start(2, 10200*ms)
 	l.listening(11 * time.Second)
 	l.listenLost(20*time.Second, 100*ms)
-	l.listening(21 * time.Second)
+	l.reestablished(21 * time.Second)
 	l.drainFailed(40*time.Second, true) // the claim hung 10s before
 	l.drainFailed(45*time.Second, false)
 	l.ended(2) // stopped for good at the end of the run

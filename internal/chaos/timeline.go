@@ -78,6 +78,8 @@ func parseRelayLog(data []byte) map[int][]logEvent {
 		msg := field(line, "msg")
 		switch msg {
 		case evListening, evListenLost, evBackoff, evDrainFailed:
+		case evReestablished: // a reconnection that took more than one try
+			msg = evListening
 		default:
 			continue
 		}
