@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,11 +37,7 @@ func (f *Fixture) RelayConfig(name string) relay.Config {
 	if top, _, _ := strings.Cut(f.T.Name(), "/"); !slices.Contains(OwnershipTests(), top) {
 		f.T.Errorf("%s runs a relay of OUTBOX_RELAY_OWNERSHIP's ownership: list it in internal/relaytest/ownership_tests.txt, the tests make test runs again with auto", top)
 	}
-	return f.relayConfig(name, os.Getenv("OUTBOX_RELAY_OWNERSHIP"))
-}
-
-func (f *Fixture) relayConfig(name, ownership string) relay.Config {
-	return relay.Config{Name: name, StreamPrefix: f.StreamPrefix(), PollInterval: 10 * time.Minute, Ownership: ownership}
+	return f.RelayConfigOf(name, os.Getenv("OUTBOX_RELAY_OWNERSHIP"))
 }
 
 // ownershipTests is ownership_tests.txt: a test's name per line; '#'
@@ -49,8 +46,9 @@ func (f *Fixture) relayConfig(name, ownership string) relay.Config {
 //go:embed ownership_tests.txt
 var ownershipTests string
 
-// OwnershipTests returns the tests listed in ownership_tests.txt.
-func OwnershipTests() []string {
+// OwnershipTests returns the tests listed in ownership_tests.txt, read
+// once.
+var OwnershipTests = sync.OnceValue(func() []string {
 	var names []string
 	for line := range strings.Lines(ownershipTests) {
 		line, _, _ = strings.Cut(line, "#")
@@ -59,24 +57,24 @@ func OwnershipTests() []string {
 		}
 	}
 	return names
-}
+})
 
 // RelayConfigOf is RelayConfig with the ownership given, whatever
 // OUTBOX_RELAY_OWNERSHIP says (auto included: auto's own tests).
 func (f *Fixture) RelayConfigOf(name, ownership string) relay.Config {
-	return f.relayConfig(name, ownership)
+	return relay.Config{Name: name, StreamPrefix: f.StreamPrefix(), PollInterval: 10 * time.Minute, Ownership: ownership}
 }
 
 // RowsRelayConfig is RelayConfig for the tests of row claims themselves
 // (claimed_by, claim tokens, the reaper): Ownership OwnRows, whatever
 // OUTBOX_RELAY_OWNERSHIP says.
 func (f *Fixture) RowsRelayConfig(name string) relay.Config {
-	return f.relayConfig(name, relay.OwnRows)
+	return f.RelayConfigOf(name, relay.OwnRows)
 }
 
 // PartitionRelayConfig is RelayConfig with partition leases.
 func (f *Fixture) PartitionRelayConfig(name string) relay.Config {
-	return f.relayConfig(name, relay.OwnPartitions)
+	return f.RelayConfigOf(name, relay.OwnPartitions)
 }
 
 // NewRelay returns a relay on the fixture's pool publishing to rdb (nil: the
