@@ -155,7 +155,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 // keeps failing, a warning is logged at most every drainWarnEvery.
 const (
 	drainRetryMin  = 100 * time.Millisecond
-	drainRetryMax  = 5 * time.Second
+	drainRetryMax  = time.Second
 	drainWarnEvery = 30 * time.Second
 )
 
