@@ -198,9 +198,7 @@ func (r *run) redisOOM(ctx context.Context, d time.Duration, underLoad bool) str
 	}
 	statsBefore := r.xaddStats(ctx)
 	backoffsBefore := r.countInRelayLogs("redis unavailable; backing off")
-	// 1 byte: every write is refused, whatever the memory does meanwhile
-	// (half the used memory let writes through once a trim freed memory).
-	limit := "1"
+	limit := strconv.FormatInt(max(used/2, 1<<20/2), 10)
 	if err := r.rdb.ConfigSet(ctx, "maxmemory", limit).Err(); err != nil {
 		r.problem("CONFIG SET maxmemory %s: %v", limit, err)
 	}
