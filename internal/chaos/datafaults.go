@@ -127,6 +127,11 @@ func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
 	if err := r.rdb.ConfigSet(ctx, "auto-aof-rewrite-percentage", "0").Err(); err != nil {
 		return "", fmt.Errorf("CONFIG SET: %w", err)
 	}
+	// Nor one already under way: a copy taken while a rewrite swaps the
+	// files could bring back a dataset that never existed.
+	if err := r.waitNoAOFRewrite(ctx); err != nil {
+		return "", err
+	}
 	_ = os.RemoveAll(snap)
 	if err := exec.CommandContext(ctx, "cp", "-a", aof, snap).Run(); err != nil {
 		return "", fmt.Errorf("copy the append-only file: %w", err)
@@ -189,6 +194,29 @@ func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
 	}
 	return fmt.Sprintf("redis back without its last %s (its append-only file from before), the relays stopped meanwhile; "+
 		"reconcile found %d events lost, republished %d, relays started", d, len(rec.Lost), republished), nil
+}
+
+// waitNoAOFRewrite waits until Redis neither rewrites its append-only file
+// nor has a rewrite scheduled.
+func (r *run) waitNoAOFRewrite(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		busy := int64(0)
+		for _, f := range []string{"aof_rewrite_in_progress", "aof_rewrite_scheduled"} {
+			v, err := infoField(ctx, r, "persistence", f)
+			if err != nil {
+				return fmt.Errorf("redis INFO persistence: %w", err)
+			}
+			busy += v
+		}
+		if busy == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("redis still rewrites its append-only file after 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // outbox runs the outbox binary once and returns its standard output; an

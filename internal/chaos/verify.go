@@ -2,8 +2,12 @@ package chaos
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tedbank/outbox/fraud"
@@ -247,9 +251,11 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		rows.Close()
 	}
 	missing, foreign := 0, 0
+	var missingIDs []string
 	for id := range eventIDs {
 		if inStream[id] == 0 {
 			missing++
+			missingIDs = append(missingIDs, id)
 		}
 	}
 	for id := range inStream {
@@ -258,7 +264,7 @@ func (r *run) verify(ctx context.Context, res *Result) {
 		}
 	}
 	if missing > 0 {
-		r.problem("%d events marked published are not in the stream %s", missing, stream)
+		r.problem("%d events marked published are not in the stream %s: %s", missing, stream, r.describeEvents(ctx, missingIDs))
 	}
 	if foreign > 0 {
 		r.problem("%d event ids in the stream are not in outbox_messages", foreign)
@@ -389,4 +395,24 @@ func (r *run) verify(ctx context.Context, res *Result) {
 	}
 	r.detail("stream %s (%d partitions) holds %d entries for %d events (%d duplicates from relay crashes and fencing; anti-fraud skipped %d duplicate deliveries); %d reviews",
 		stream, r.parts, entries, len(inStream), entries-len(inStream), rep.DuplicatesSkipped, reviews)
+}
+
+// describeEvents says, for up to five events, what PostgreSQL knows of them:
+// the stream entry and time it recorded and any republish, so that a failed
+// run names what to look for in its logs.
+func (r *run) describeEvents(ctx context.Context, ids []string) string {
+	slices.Sort(ids)
+	ids = ids[:min(len(ids), 5)]
+	rows, err := r.mon.Query(ctx, `SELECT m.id::text || ' (seq ' || m.seq || ', key ' || COALESCE(m.partition_key, m.aggregate_id) ||
+			', stream id ' || COALESCE(m.stream_id, '-') || ', published ' || COALESCE(to_char(m.published_at, 'HH24:MI:SS.MS'), '-') ||
+			', attempts ' || m.attempts || ', republished ' || (SELECT count(*) FROM outbox_republished p WHERE p.event_id = m.id) || ')'
+		FROM outbox_messages m WHERE m.id = ANY($1::uuid[]) ORDER BY m.id`, ids)
+	if err != nil {
+		return fmt.Sprintf("%v (%v)", ids, err)
+	}
+	described, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Sprintf("%v (%v)", ids, err)
+	}
+	return strings.Join(described, "; ")
 }
