@@ -29,8 +29,11 @@ const (
 	// step).
 	DefaultRelayRedelivery = time.Hour
 	// MaxRetryDelay is the longest a consumer waits before it retries a
-	// delivery that failed (its backoff's cap).
-	MaxRetryDelay = 5 * time.Second
+	// delivery that failed (its backoff's cap): a retry is one round trip,
+	// so a second apart costs nothing, and the effects refused while Redis
+	// was out of memory are applied within about a second of its return
+	// (docs/design.md).
+	MaxRetryDelay = time.Second
 )
 
 var (

@@ -252,6 +252,11 @@ func (r *streamReader) Read(ctx context.Context, n int, block time.Duration) ([]
 	default:
 		r.last = readNew
 		_ = n // the reader sizes its reads itself (nextCount), from Config.BatchSize
+		if r.needPending {
+			// The retry of the pending entries is due then: a read that
+			// blocked past it would put the retry off by up to Block.
+			block = min(block, max(time.Until(r.retryPendingAt), time.Millisecond))
+		}
 		return r.readNew(ctx, block, true)
 	}
 }

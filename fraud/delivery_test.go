@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,18 +48,25 @@ func newDeliveries(t *testing.T) *deliveries {
 func (d *deliveries) publish(n int) [][]any {
 	d.t.Helper()
 	var all [][]any
-	for i := range n {
-		ev := settled.Payload{SchemaVersion: settled.Version, EventID: uuid.New(), TransferID: uuid.New(),
-			FromAccount: fmt.Sprintf("acct-%03d", i), ToAccount: "dest", AmountCents: int64(100 + i), Currency: "BRL",
-			SettledAt: time.Now().UTC()}
-		p, _ := json.Marshal(ev)
-		values := []any{entry.EventID, ev.EventID.String(), entry.EventType, settled.Type, entry.AggregateType, settled.AggregateType,
-			entry.AggregateID, ev.TransferID.String(), entry.Payload, string(p), entry.Headers, "{}"}
+	for range n {
+		values := d.event()
 		d.xadd(values)
-		d.events = append(d.events, ev)
 		all = append(all, values)
 	}
 	return all
+}
+
+// event makes the next event, of a sender of its own, and returns its
+// entry's values.
+func (d *deliveries) event() []any {
+	i := len(d.events)
+	ev := settled.Payload{SchemaVersion: settled.Version, EventID: uuid.New(), TransferID: uuid.New(),
+		FromAccount: fmt.Sprintf("acct-%03d", i), ToAccount: "dest", AmountCents: int64(100 + i), Currency: "BRL",
+		SettledAt: time.Now().UTC()}
+	p, _ := json.Marshal(ev)
+	d.events = append(d.events, ev)
+	return []any{entry.EventID, ev.EventID.String(), entry.EventType, settled.Type, entry.AggregateType, settled.AggregateType,
+		entry.AggregateID, ev.TransferID.String(), entry.Payload, string(p), entry.Headers, "{}"}
 }
 
 func (d *deliveries) xadd(values []any) {
@@ -231,4 +240,120 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 	}
 	outboxtest.Eventually(t, 15*time.Second, func() bool { return d.report().Verdicts == 5 }, "entries not applied after the fault cleared")
 	d.checkEffectsOnce()
+}
+
+// A Redis of the test's own refuses writes (out of memory under noeviction)
+// for 6 s while events keep arriving (each XADD let through alone: one
+// pipeline lifts the limit, adds the entry and sets it again, which no other
+// client's command can come between), then takes writes again right after
+// one of the consumer's retries failed. The effects refused meanwhile are all
+// applied within about a second: the retries are at most a second apart
+// (consumer.MaxRetryDelay), and a read blocked for new entries does not put
+// off the retry that is due. Before, the retry could come 5 s later, and a
+// read blocked for new entries kept it waiting up to Block.
+func TestEffectsAreBackWithinASecondOfRedisTakingWritesAgain(t *testing.T) {
+	d := &deliveries{t: t, ctx: t.Context(), rdb: outboxtest.OwnRedis(t, "--maxmemory-policy", "noeviction"),
+		stream: "outbox.event.transfer", prefix: "fraud:"}
+	retried := make(chan struct{}, 1)
+	// The default claims (none of idle entries within the test), and reads
+	// that block for 4 s (2 s by default).
+	d.run("c1", func(c *Config) {
+		c.Block, c.ClaimInterval, c.ClaimMinIdle = 4*time.Second, 0, 0
+		c.Logger = slog.New(retryLogged{slog.Default().Handler(), retried})
+	})
+	d.publish(1)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return d.report().Verdicts == 1 }, "the first event was not applied")
+
+	if err := d.rdb.ConfigSet(d.ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	refusedBefore := oomErrors(t, d)
+	const outage = 6 * time.Second
+	for end := time.Now().Add(outage); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		values := d.event()
+		_, err := d.rdb.Pipelined(d.ctx, func(p redis.Pipeliner) error {
+			p.ConfigSet(d.ctx, "maxmemory", "0")
+			p.XAdd(d.ctx, &redis.XAddArgs{Stream: d.stream, Values: values})
+			p.ConfigSet(d.ctx, "maxmemory", "1")
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Right after a retry failed: the next waits a whole step.
+	select {
+	case <-retried:
+	default:
+	}
+	select {
+	case <-retried:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the consumer did not retry the refused effects within 15 s")
+	}
+	verdictsDuring := d.report().Verdicts
+	refused := oomErrors(t, d) - refusedBefore
+	if err := d.rdb.ConfigSet(d.ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return d.report().Verdicts == int64(len(d.events)) },
+		"%d of %d events applied", d.report().Verdicts, len(d.events))
+	took := time.Since(back)
+	t.Logf("outage %s: Redis refused %d commands; the %d events were applied %s after it took writes again",
+		outage, refused, len(d.events)-1, took.Round(time.Millisecond))
+	if refused == 0 || verdictsDuring != 1 {
+		t.Fatalf("Redis refused %d commands and %d events were applied during the outage: the outage did not bite",
+			refused, verdictsDuring-1)
+	}
+	// A retry's step is at most a second; the rest is slack for a loaded
+	// machine under -race.
+	if took > 2*time.Second {
+		t.Errorf("the events were applied %s after Redis took writes again, want within about a second", took.Round(time.Millisecond))
+	}
+	d.checkEffectsOnce()
+}
+
+// retryLogged passes records on, and signals each failed retry of a
+// partition's pending entries.
+type retryLogged struct {
+	slog.Handler
+	retried chan struct{}
+}
+
+func (h retryLogged) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "pending entries failed again; retrying" {
+		select {
+		case h.retried <- struct{}{}:
+		default:
+		}
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h retryLogged) WithAttrs(as []slog.Attr) slog.Handler {
+	return retryLogged{h.Handler.WithAttrs(as), h.retried}
+}
+
+func (h retryLogged) WithGroup(name string) slog.Handler {
+	return retryLogged{h.Handler.WithGroup(name), h.retried}
+}
+
+// oomErrors is how many commands Redis refused as out of memory.
+func oomErrors(t *testing.T, d *deliveries) int64 {
+	t.Helper()
+	info, err := d.rdb.Info(d.ctx, "errorstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_OOM:count="); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
 }

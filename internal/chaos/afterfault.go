@@ -1,9 +1,11 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -92,14 +94,61 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 	return out
 }
 
-// judgeAfterFaults reports the events that waited more than maxAfterFault
-// after their faults, and the slowest wait of each kind of fault.
+// judgeAfterFaults reports the events that waited more than their bound
+// after their faults before they were published, and the slowest wait of
+// each kind of fault.
 func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *Result) {
-	waits := waitsAfterFaults(events, faults)
-	if len(waits) == 0 {
-		return
+	res.WorstAfterFault = r.judgeWaits(waitsAfterFaults(events, faults), faults, "published")
+}
+
+// judgeEffectsAfterFaults does the same for anti-fraud's effects: an
+// effect's clock starts when its entry is in the stream (or, if later, when
+// the effect of its key's previous event was applied: the consumer holds a
+// key's next event until then) and again at the end of every fault in
+// force before the effect; the bounds are the events' (a consumer blocked
+// on a half-open link waits for its read's timeout, --block + 10 s; one
+// whose effects Redis refused retries at most a second apart,
+// consumer.MaxRetryDelay).
+func (r *run) judgeEffectsAfterFaults(events []eventTiming, effects map[string]time.Time, faults []FaultRecord, res *Result) {
+	res.WorstEffectAfterFault = r.judgeWaits(waitsAfterFaults(effectTimings(events, effects), faults), faults, "applied")
+}
+
+// effectTimings turns the events that have an effect into timings whose
+// Ready is when the consumer could apply them and whose Publish is when it
+// did.
+func effectTimings(events []eventTiming, effects map[string]time.Time) []eventTiming {
+	byKey := slices.Clone(events)
+	slices.SortFunc(byKey, func(a, b eventTiming) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	var out []eventTiming
+	var prevKey string
+	var prevEffect time.Time
+	for _, e := range byKey {
+		at, ok := effects[e.ID]
+		if !ok {
+			continue // no verdict: verify reports it
+		}
+		ready := e.Publish
+		if e.Key == prevKey && prevEffect.After(ready) {
+			ready = prevEffect
+		}
+		prevKey, prevEffect = e.Key, at
+		out = append(out, eventTiming{ID: e.ID, Commit: e.Commit, Ready: ready, Publish: at, Key: e.Key, Seq: e.Seq})
 	}
-	res.WorstAfterFault = waits[0].wait
+	return out
+}
+
+// judgeWaits reports the waits longer than their bound, says the slowest of
+// each kind of fault, and returns the slowest of all; done is what the end
+// of a wait is ("published", "applied").
+func (r *run) judgeWaits(waits []afterFault, faults []FaultRecord, done string) time.Duration {
+	if len(waits) == 0 {
+		return 0
+	}
 	worst := map[string]time.Duration{}
 	var late []afterFault
 	for _, w := range waits {
@@ -116,17 +165,18 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 	for _, k := range slices.Sorted(maps.Keys(worst)) {
 		parts = append(parts, fmt.Sprintf("%s %s", k, worst[k].Truncate(time.Millisecond)))
 	}
-	r.detail("after faults: the slowest wait of an event after the faults that held it ended, by the last of them: %v", parts)
+	r.detail("after faults: the slowest wait of an event until %s after the faults that held it ended, by the last of them: %v", done, parts)
 	for _, w := range late[:min(len(late), 5)] {
 		where := "no fault before it"
 		if w.fault >= 0 {
 			f := faults[w.fault]
 			where = fmt.Sprintf("fault #%d %s %s ended %s", w.fault+1, f.Kind, f.Detail, stamp(f.End))
 		}
-		r.problem("event %s waited %s after the faults that held it ended (%s; ready %s, published %s): more than %s",
-			w.event.ID, w.wait.Truncate(time.Millisecond), where, stamp(w.event.Ready), stamp(w.event.Publish), w.limit)
+		r.problem("event %s waited %s after the faults that held it ended (%s; ready %s, %s %s): more than %s",
+			w.event.ID, w.wait.Truncate(time.Millisecond), where, stamp(w.event.Ready), done, stamp(w.event.Publish), w.limit)
 	}
 	if len(late) > 5 {
-		r.problem("%d events in all waited longer than their bound after the faults that held them ended", len(late))
+		r.problem("%d events in all waited longer than their bound until %s after the faults that held them ended", len(late), done)
 	}
+	return waits[0].wait
 }

@@ -77,3 +77,51 @@ func TestWaitsAfterARedisThatRefusedWrites(t *testing.T) {
 		t.Errorf("problems:\n%s\nwant too-late and calm-after only", problems)
 	}
 }
+
+// Anti-fraud's effects are judged the same way, from the entry in the
+// stream (or the effect of the sender's previous event, if later) to the
+// effect: a consumer that retried refused effects 5 s apart after a Redis
+// OOM fails the run.
+func TestEffectWaitsAfterFaults(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	faults := []FaultRecord{{Kind: RedisOOM, Start: at(10), End: at(14)}}
+	events := []eventTiming{
+		{ID: "calm", Key: "a", Seq: 1, Publish: at(1)},
+		{ID: "refused", Key: "b", Seq: 2, Publish: at(11)},            // applied at 14.8: 0.8 s after the OOM
+		{ID: "held-by-its-sender", Key: "b", Seq: 5, Publish: at(12)}, // behind "refused": 0.1 s after it
+		{ID: "backed-off-5s", Key: "c", Seq: 3, Publish: at(12)},      // applied at 18.5: 4.5 s after
+		{ID: "no-effect", Key: "d", Seq: 4, Publish: at(2)},
+		{ID: "slow-after", Key: "a", Seq: 6, Publish: at(30)}, // no fault: 2.5 s
+	}
+	effects := map[string]time.Time{
+		"calm": at(1.01), "refused": at(14.8), "held-by-its-sender": at(14.9), "backed-off-5s": at(18.5), "slow-after": at(32.5),
+	}
+	timings := effectTimings(events, effects)
+	if len(timings) != 5 {
+		t.Fatalf("%d effect timings, want 5 (the event without an effect left out): %+v", len(timings), timings)
+	}
+	got := map[string]afterFault{}
+	for _, w := range waitsAfterFaults(timings, faults) {
+		got[w.event.ID] = w
+	}
+	for id, want := range map[string]time.Duration{
+		"calm": 10 * time.Millisecond, "refused": 800 * time.Millisecond, "held-by-its-sender": 100 * time.Millisecond,
+		"backed-off-5s": 4500 * time.Millisecond, "slow-after": 2500 * time.Millisecond,
+	} {
+		if g := got[id].wait; g != want {
+			t.Errorf("%s: wait %s, want %s", id, g, want)
+		}
+	}
+	r := &run{logf: func(string, ...any) {}}
+	var res Result
+	r.judgeEffectsAfterFaults(events, effects, faults, &res)
+	problems := strings.Join(r.problems, "\n")
+	if len(r.problems) != 2 || !strings.Contains(problems, "event backed-off-5s ") || !strings.Contains(problems, "event slow-after ") ||
+		!strings.Contains(problems, "applied") {
+		t.Errorf("problems:\n%s\nwant backed-off-5s and slow-after, applied", problems)
+	}
+	if res.WorstEffectAfterFault != 4500*time.Millisecond {
+		t.Errorf("worst %s, want 4.5s", res.WorstEffectAfterFault)
+	}
+}

@@ -82,6 +82,7 @@ func (r *run) failover(ctx context.Context, res *Result) {
 			calm[len(calm)/2].Truncate(time.Millisecond), calmP99.Truncate(time.Millisecond), calm[len(calm)-1].Truncate(time.Millisecond))
 	}
 	res.CalmEffectP99 = calmP99
+	r.judgeEffectsAfterFaults(events, effects, faults, res)
 	costs := map[string]*FailoverCost{}
 	var order []string
 	for i, f := range faults {

@@ -74,7 +74,7 @@ func TestSummaryLine(t *testing.T) {
 	got := res.Summary()
 	want := "chaos: seed=9 transfers=10 events=10 verdicts=10 lost=0 doubled=0 stranded=1 judged=8 worst_calm_ms=5012 faults=kill-relay:2,kill-consumer:0,failpoint:0," +
 		"pg-terminate:0,redis-client-kill:0,blackhole:0,pg-restart:0,redis-kill:0,redis-oom:1,busy-error:1,stall:0,pg-flap:0,big-payloads:0,long-tx:0,redis-loss:0 restarts=4 probes=0/0 max_recovery=1.5s duration=61s" +
-		" out_of_order=0 mode=single ownership=auto worst_after_fault_ms=0"
+		" out_of_order=0 mode=single ownership=auto worst_after_fault_ms=0 worst_effect_after_fault_ms=0"
 	if got != want {
 		t.Errorf("summary\n got %s\nwant %s", got, want)
 	}
@@ -86,7 +86,7 @@ func TestSummaryLine(t *testing.T) {
 	res.Faults = []FaultRecord{{Kind: MasterKill}, {Kind: Reshard}, {Kind: Reshard}}
 	got = res.Summary()
 	if !strings.Contains(got, "faults=kill-relay:0,kill-consumer:0,failpoint:0,pg-terminate:0,pg-restart:0,busy-error:0,master-kill:1,master-stop:0,reshard:2,consumer-join:0,consumer-leave:0,stall:0,pg-flap:0,big-payloads:0,long-tx:0 ") ||
-		!strings.HasSuffix(got, " out_of_order=2 mode=cluster ownership=partitions worst_after_fault_ms=0") {
+		!strings.HasSuffix(got, " out_of_order=2 mode=cluster ownership=partitions worst_after_fault_ms=0 worst_effect_after_fault_ms=0") {
 		t.Errorf("cluster summary: %s", got)
 	}
 	if lines := res.ByKind(); len(lines) != len(ClusterKinds) {

@@ -45,6 +45,9 @@ type Result struct {
 	// WorstAfterFault: the longest an event waited after the faults that
 	// held it ended (afterfault.go); over maxAfterFault fails the run.
 	WorstAfterFault time.Duration
+	// WorstEffectAfterFault: the same for anti-fraud's effects, from the
+	// entry in the stream to the effect (afterfault.go).
+	WorstEffectAfterFault time.Duration
 	// Restarts counts the relays restarted gracefully by rolling deploys.
 	Restarts int
 	// Probes counts the hand-over probes (probe.go); ProbesExact those in
@@ -125,9 +128,10 @@ func (r Result) Summary() string {
 		mode = "nats"
 	}
 	// New fields go at the end: scripts read this line.
-	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s worst_after_fault_ms=%d",
+	return fmt.Sprintf("chaos: seed=%d transfers=%d events=%d verdicts=%d lost=%d doubled=%d stranded=%d judged=%d worst_calm_ms=%d faults=%s restarts=%d probes=%d/%d max_recovery=%.1fs duration=%.0fs out_of_order=%d mode=%s ownership=%s worst_after_fault_ms=%d worst_effect_after_fault_ms=%d",
 		r.Seed, r.Transfers, r.Events, r.Verdicts, r.Lost, r.Doubled, r.Stranded, r.Judged, r.WorstCalm.Milliseconds(), strings.Join(fs, ","),
-		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "auto"), r.WorstAfterFault.Milliseconds())
+		r.Restarts, r.ProbesExact, r.Probes, r.MaxRecovery.Seconds(), r.Duration.Seconds(), r.OutOfOrder, mode, cmp.Or(r.Ownership, "auto"), r.WorstAfterFault.Milliseconds(),
+		r.WorstEffectAfterFault.Milliseconds())
 }
 
 // ByKind summarizes the faults per kind: how many, how many while the load

@@ -168,6 +168,8 @@ type eventTiming struct {
 	Commit, Publish  time.Time
 	CreatedAt        time.Time
 	ClaimedBy        string
+	Key              string // its partition key (the sender)
+	Seq              int64
 	CommitFromCreate bool // Commit is created_at: no commit timestamp
 	// Ready is when the event could first be claimed: its commit, or, if
 	// later, when the event before it of the same partition key (the
@@ -254,7 +256,8 @@ func (r *run) eventTimings(ctx context.Context) ([]eventTiming, error) {
 	if track == "on" {
 		commitTS = "pg_xact_commit_timestamp(t.xmin)"
 	}
-	rows, err := r.mon.Query(ctx, `SELECT o.id::text, `+commitTS+`, o.created_at, o.stream_id, coalesce(o.claimed_by, ''), o.before_published_at
+	rows, err := r.mon.Query(ctx, `SELECT o.id::text, `+commitTS+`, o.created_at, o.stream_id, coalesce(o.claimed_by, ''), o.before_published_at,
+		       coalesce(o.partition_key, o.aggregate_id), o.seq
 		FROM (SELECT *, lag(published_at) OVER (PARTITION BY aggregate_type, coalesce(partition_key, aggregate_id) ORDER BY seq) AS before_published_at
 		        FROM outbox_messages WHERE aggregate_type = 'transfer' AND status IN ('published', 'dead')) o
 		JOIN transfers t ON t.id::text = o.aggregate_id
@@ -271,7 +274,7 @@ func (r *run) eventTimings(ctx context.Context) ([]eventTiming, error) {
 			streamID *string
 			before   *time.Time
 		)
-		if err := rows.Scan(&e.ID, &commit, &e.CreatedAt, &streamID, &e.ClaimedBy, &before); err != nil {
+		if err := rows.Scan(&e.ID, &commit, &e.CreatedAt, &streamID, &e.ClaimedBy, &before, &e.Key, &e.Seq); err != nil {
 			return nil, err
 		}
 		e.Commit = e.CreatedAt
