@@ -170,10 +170,17 @@ func (c *Consumer) own(ctx context.Context) error {
 		} else {
 			want, lastMembers = c.assigned(members), members
 		}
-		for p := range workers {
+		// The partitions handed over: every worker told to stop first, then
+		// the wanted partitions taken, then the handed-over ones given back
+		// once their workers have stopped. A worker blocked reading new
+		// entries stops only when its read returns (up to Block): the
+		// partitions freed meanwhile by others must not wait for that.
+		var leaving []int
+		for p, w := range workers {
 			if !slices.Contains(want, p) {
 				c.log.Info("partition handed over (rebalance)", slog.Int("partition", p))
-				stop(p, true)
+				w.cancel()
+				leaving = append(leaving, p)
 			}
 		}
 		for _, p := range want {
@@ -204,6 +211,9 @@ func (c *Consumer) own(ctx context.Context) error {
 					c.work(wctx, c.parts[p], fence)
 				}()
 			}
+		}
+		for _, p := range leaving {
+			stop(p, true)
 		}
 		for next := time.Now().Add(renewEvery); time.Now().Before(next); {
 			select {

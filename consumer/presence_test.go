@@ -2,10 +2,12 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/partition"
 )
 
 // A consumer process whose connections to Redis are gone (killed: the
@@ -41,4 +43,80 @@ func TestRestartUnderTheNameOfADeadProcessIsImmediate(t *testing.T) {
 	outboxtest.Eventually(t, 3*time.Second, func() bool { return owns(rdb, second, 0) },
 		"the restarted consumer waited for the dead one's name lease")
 	t.Logf("the restarted consumer owned the stream %s after it started", time.Since(started).Round(time.Millisecond))
+}
+
+// A member leaves: the others divide its partitions and their own anew. One
+// of them must hand a partition over while its worker is blocked reading it
+// (5 s here), and take the one the leaver gave back: it takes that one at
+// once, and the partition's next event is applied within a second, not
+// after the handed-over worker's read returns. (The .ci/run chaos suite
+// found a consumer that took a freed partition only after it had stopped
+// the ones it handed over: 2 s after a member left.)
+func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
+	t.Parallel()
+	rdb := outboxtest.NewRedis(t)
+	h := newRecorder(rdb.Client)
+	// Four partitions: with a, b, c, a wants 0 and 3, b 1, c 2; once c
+	// has left, a wants 0 and 2, b 1 and 3.
+	cfgOf := func(name string, block time.Duration) Config {
+		cfg := testConfig(rdb, name)
+		cfg.Partitions, cfg.Block = 4, block
+		return cfg
+	}
+	start := func(cfg Config) (*Consumer, func()) {
+		c := newGroupConsumer(t, rdb, h, cfg)
+		if cfg.Consumer == "a" {
+			c.reading.Init()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		stop := func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("consumer %s: %v", cfg.Consumer, err)
+			}
+		}
+		t.Cleanup(func() {
+			select {
+			case <-ctx.Done():
+			default:
+				stop()
+			}
+		})
+		return c, stop
+	}
+	// a last: the others hand over to it at once (their reads block 100 ms).
+	b, _ := start(cfgOf("b", 100*time.Millisecond))
+	c, stopC := start(cfgOf("c", 100*time.Millisecond))
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return owns(rdb, b, 0) && owns(rdb, c, 1) },
+		"b and c did not divide the partitions")
+	a, _ := start(cfgOf("a", 5*time.Second))
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return owns(rdb, a, 0) && owns(rdb, a, 3) && owns(rdb, b, 1) && owns(rdb, c, 2)
+	}, "the three consumers did not divide the four partitions")
+	// a's worker of partition 3 is blocked in its read for 5 s from now.
+	a.reading.Clear()
+	if _, err := a.reading.WaitFor(10*time.Second, func(p int) bool { return p == 3 }); err != nil {
+		t.Fatal(err)
+	}
+	stopC()
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("key-%d", i); partition.Of(k, 4) == 2 {
+			key = k
+		}
+	}
+	published := time.Now()
+	publishKeyed(t, rdb, c.parts[2].stream, "agg-2", key)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(h.effects()) == 1 },
+		"the event of the partition c gave back was not applied")
+	took := time.Since(published)
+	t.Logf("the event of the partition c gave back was applied %s after c stopped", took.Round(time.Millisecond))
+	if !owns(rdb, a, 2) {
+		t.Fatal("a did not take partition 2")
+	}
+	if took > time.Second {
+		t.Errorf("the partition c gave back waited %s for its next owner: more than a second", took.Round(time.Millisecond))
+	}
 }

@@ -252,6 +252,7 @@ func TestTransientEffectFailureIsRetriedNotDeadLettered(t *testing.T) {
 // off the retry that is due. Before, the retry could come 5 s later, and a
 // read blocked for new entries kept it waiting up to Block.
 func TestEffectsAreBackWithinASecondOfRedisTakingWritesAgain(t *testing.T) {
+	t.Parallel()
 	d := &deliveries{t: t, ctx: t.Context(), rdb: outboxtest.OwnRedis(t, "--maxmemory-policy", "noeviction"),
 		stream: "outbox.event.transfer", prefix: "fraud:"}
 	retried := make(chan struct{}, 1)

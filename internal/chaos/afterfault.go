@@ -63,8 +63,9 @@ type afterFault struct {
 	limit time.Duration
 }
 
-// waitsAfterFaults returns each event's wait after the faults, slowest first.
-func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
+// waitsAfterFaults returns each event's wait after the faults, slowest first;
+// held is what the bound of an event that a fault held gets besides.
+func waitsAfterFaults(events []eventTiming, faults []FaultRecord, held time.Duration) []afterFault {
 	order := make([]int, len(faults))
 	for i := range order {
 		order[i] = i
@@ -88,6 +89,9 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 		if last < 0 || (halfOpen >= 0 && afterFaultLimit(faults[last]) < limit) {
 			last = halfOpen
 		}
+		if last >= 0 {
+			limit += held
+		}
 		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last, limit: limit})
 	}
 	slices.SortFunc(out, func(a, b afterFault) int { return int(b.wait - a.wait) })
@@ -98,20 +102,28 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord) []afterFault {
 // after their faults before they were published, and the slowest wait of
 // each kind of fault.
 func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *Result) {
-	res.WorstAfterFault = r.judgeWaits(waitsAfterFaults(events, faults), faults, "published")
+	res.WorstAfterFault = r.judgeWaits(waitsAfterFaults(events, faults, 0), faults, "published")
 }
 
 // judgeEffectsAfterFaults does the same for anti-fraud's effects: an
 // effect's clock starts when its entry is in the stream (or, if later, when
 // the effect of its key's previous event was applied: the consumer holds a
 // key's next event until then) and again at the end of every fault in
-// force before the effect; the bounds are the events' (a consumer blocked
+// force before the effect. The bounds are the events' (a consumer blocked
 // on a half-open link waits for its read's timeout, --block + 10 s; one
 // whose effects Redis refused retries at most a second apart,
-// consumer.MaxRetryDelay).
+// consumer.MaxRetryDelay), plus, for an effect a fault held,
+// consumerHandover: a fault that changes the group's members (a consumer
+// killed, stalled, joining, leaving, or cut from Redis) moves partitions,
+// and a consumer hands a partition over once its worker's read returns,
+// which blocks up to --block (2 s) when nothing new comes.
 func (r *run) judgeEffectsAfterFaults(events []eventTiming, effects map[string]time.Time, faults []FaultRecord, res *Result) {
-	res.WorstEffectAfterFault = r.judgeWaits(waitsAfterFaults(effectTimings(events, effects), faults), faults, "applied")
+	res.WorstEffectAfterFault = r.judgeWaits(waitsAfterFaults(effectTimings(events, effects), faults, consumerHandover), faults, "applied")
 }
+
+// consumerHandover is the longest a partition handed over waits for its
+// worker's read: the consumers' --block (consumer.DefaultBlock).
+const consumerHandover = 2 * time.Second
 
 // effectTimings turns the events that have an effect into timings whose
 // Ready is when the consumer could apply them and whose Publish is when it

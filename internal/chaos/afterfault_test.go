@@ -27,7 +27,7 @@ func TestWaitsAfterFaults(t *testing.T) {
 		{ID: "long-after-half-open", Ready: at(40), Publish: at(43)}, // 3 s, long after it
 	}
 	got := map[string]afterFault{}
-	for _, w := range waitsAfterFaults(events, faults) {
+	for _, w := range waitsAfterFaults(events, faults, 0) {
 		got[w.event.ID] = w
 	}
 	for id, want := range map[string]struct {
@@ -80,8 +80,9 @@ func TestWaitsAfterARedisThatRefusedWrites(t *testing.T) {
 
 // Anti-fraud's effects are judged the same way, from the entry in the
 // stream (or the effect of the sender's previous event, if later) to the
-// effect: a consumer that retried refused effects 5 s apart after a Redis
-// OOM fails the run.
+// effect, with a handover's read (2 s) besides when a fault held them: a
+// consumer that retried refused effects 5 s apart after a 4 s Redis OOM
+// (and 1.5 s more for a handover) fails the run.
 func TestEffectWaitsAfterFaults(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -95,19 +96,19 @@ func TestEffectWaitsAfterFaults(t *testing.T) {
 		{ID: "slow-after", Key: "a", Seq: 6, Publish: at(30)}, // no fault: 2.5 s
 	}
 	effects := map[string]time.Time{
-		"calm": at(1.01), "refused": at(14.8), "held-by-its-sender": at(14.9), "backed-off-5s": at(18.5), "slow-after": at(32.5),
+		"calm": at(1.01), "refused": at(14.8), "held-by-its-sender": at(14.9), "backed-off-5s": at(20.5), "slow-after": at(32.5),
 	}
 	timings := effectTimings(events, effects)
 	if len(timings) != 5 {
 		t.Fatalf("%d effect timings, want 5 (the event without an effect left out): %+v", len(timings), timings)
 	}
 	got := map[string]afterFault{}
-	for _, w := range waitsAfterFaults(timings, faults) {
+	for _, w := range waitsAfterFaults(timings, faults, consumerHandover) {
 		got[w.event.ID] = w
 	}
 	for id, want := range map[string]time.Duration{
 		"calm": 10 * time.Millisecond, "refused": 800 * time.Millisecond, "held-by-its-sender": 100 * time.Millisecond,
-		"backed-off-5s": 4500 * time.Millisecond, "slow-after": 2500 * time.Millisecond,
+		"backed-off-5s": 6500 * time.Millisecond, "slow-after": 2500 * time.Millisecond,
 	} {
 		if g := got[id].wait; g != want {
 			t.Errorf("%s: wait %s, want %s", id, g, want)
@@ -121,7 +122,7 @@ func TestEffectWaitsAfterFaults(t *testing.T) {
 		!strings.Contains(problems, "applied") {
 		t.Errorf("problems:\n%s\nwant backed-off-5s and slow-after, applied", problems)
 	}
-	if res.WorstEffectAfterFault != 4500*time.Millisecond {
-		t.Errorf("worst %s, want 4.5s", res.WorstEffectAfterFault)
+	if res.WorstEffectAfterFault != 6500*time.Millisecond {
+		t.Errorf("worst %s, want 6.5s", res.WorstEffectAfterFault)
 	}
 }
