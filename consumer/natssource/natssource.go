@@ -121,6 +121,12 @@ func Durable(ctx context.Context, js jetstream.JetStream, stream, group string, 
 	return js.Consumer(ctx, stream, newest)
 }
 
+// openTimeout bounds Open's requests: one the server never answers (sent as
+// the connection dropped, or to a server restarting) fails then and Open is
+// tried again, instead of waiting for JetStream's default 5 s (a consumer
+// came back 4 s after a nats-server restart in the chaos suite, docs/log.md).
+const openTimeout = 2 * time.Second
+
 // Open creates the durable consumer of p's owner (its lease epoch's) from
 // the ack floor of the newest durable before it, and deletes the older ones,
 // so that what an earlier owner received and did not acknowledge comes
@@ -128,6 +134,8 @@ func Durable(ctx context.Context, js jetstream.JetStream, stream, group string, 
 // more. A durable of a greater epoch (a newer owner's) fences it.
 func (s *Source) Open(ctx context.Context, p source.Partition) (_ source.Reader, err error) {
 	defer s.reconnectIfStale(&err)
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
 	reconnects := s.js.Conn().Stats().Reconnects
 	stream, err := s.js.StreamNameBySubject(ctx, p.Subject)
 	if err != nil {

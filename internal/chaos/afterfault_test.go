@@ -80,9 +80,9 @@ func TestWaitsAfterARedisThatRefusedWrites(t *testing.T) {
 
 // Anti-fraud's effects are judged the same way, from the entry in the
 // stream (or the effect of the sender's previous event, if later) to the
-// effect, with a handover's read (2 s) besides when a fault held them: a
+// effect, with two handovers' reads (4 s) besides when a fault held them: a
 // consumer that retried refused effects 5 s apart after a 4 s Redis OOM
-// (and 1.5 s more for a handover) fails the run.
+// (and 2.5 s more for handovers) fails the run.
 func TestEffectWaitsAfterFaults(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
@@ -94,13 +94,15 @@ func TestEffectWaitsAfterFaults(t *testing.T) {
 		{ID: "backed-off-5s", Key: "c", Seq: 3, Publish: at(12)},      // applied at 18.5: 4.5 s after
 		{ID: "no-effect", Key: "d", Seq: 4, Publish: at(2)},
 		{ID: "slow-after", Key: "a", Seq: 6, Publish: at(30)}, // no fault: 2.5 s
+		{ID: "just-after", Key: "e", Seq: 7, Publish: at(15)}, // 1 s after the OOM: 3.5 s, within 2 + 4 s
 	}
 	effects := map[string]time.Time{
-		"calm": at(1.01), "refused": at(14.8), "held-by-its-sender": at(14.9), "backed-off-5s": at(20.5), "slow-after": at(32.5),
+		"calm": at(1.01), "refused": at(14.8), "held-by-its-sender": at(14.9), "backed-off-5s": at(22.5), "slow-after": at(32.5),
+		"just-after": at(18.5),
 	}
 	timings := effectTimings(events, effects)
-	if len(timings) != 5 {
-		t.Fatalf("%d effect timings, want 5 (the event without an effect left out): %+v", len(timings), timings)
+	if len(timings) != 6 {
+		t.Fatalf("%d effect timings, want 6 (the event without an effect left out): %+v", len(timings), timings)
 	}
 	got := map[string]afterFault{}
 	for _, w := range waitsAfterFaults(timings, faults, consumerHandover) {
@@ -108,7 +110,7 @@ func TestEffectWaitsAfterFaults(t *testing.T) {
 	}
 	for id, want := range map[string]time.Duration{
 		"calm": 10 * time.Millisecond, "refused": 800 * time.Millisecond, "held-by-its-sender": 100 * time.Millisecond,
-		"backed-off-5s": 6500 * time.Millisecond, "slow-after": 2500 * time.Millisecond,
+		"backed-off-5s": 8500 * time.Millisecond, "slow-after": 2500 * time.Millisecond, "just-after": 3500 * time.Millisecond,
 	} {
 		if g := got[id].wait; g != want {
 			t.Errorf("%s: wait %s, want %s", id, g, want)
@@ -122,7 +124,7 @@ func TestEffectWaitsAfterFaults(t *testing.T) {
 		!strings.Contains(problems, "applied") {
 		t.Errorf("problems:\n%s\nwant backed-off-5s and slow-after, applied", problems)
 	}
-	if res.WorstEffectAfterFault != 6500*time.Millisecond {
-		t.Errorf("worst %s, want 6.5s", res.WorstEffectAfterFault)
+	if res.WorstEffectAfterFault != 8500*time.Millisecond {
+		t.Errorf("worst %s, want 8.5s", res.WorstEffectAfterFault)
 	}
 }
