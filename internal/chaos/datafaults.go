@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -114,9 +115,9 @@ func (r *run) longTransaction(ctx context.Context, d time.Duration) string {
 // PostgreSQL marked published are gone, with the consumers' effects and
 // markers of the same seconds (the whole dataset goes back in time, as it
 // does in those cases). The repair is the operator's runbook
-// (docs/operations.md): stop the relays (so that no later event of a key
-// overtakes its lost ones), `outbox reconcile --list-lost`, `outbox
-// republish --report`, start the relays. Each lost TED must then be judged
+// (docs/operations.md): stop the relays and the consumers (so that no later
+// event of a key overtakes its lost ones), `outbox reconcile --list-lost`,
+// `outbox republish --report`, start them. Each lost TED must then be judged
 // once more (its effect was lost too) and no other twice. Single Redis only:
 // a cluster's nodes would each go back to a different moment.
 func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
@@ -138,8 +139,14 @@ func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
 	}
 	time.Sleep(d)
 
+	// The relays and the consumers stop (the runbook, docs/operations.md):
+	// a consumer that read an entry just before the loss could apply it on
+	// the Redis that lost it, before its key's earlier lost events are
+	// republished (a .ci/run found a sender's TEDs judged out of order so,
+	// and the entry gone from the stream with its effect applied).
+	held := slices.Concat(r.relays, r.consumers, r.ledgers)
 	var wg sync.WaitGroup
-	for _, p := range r.relays {
+	for _, p := range held {
 		wg.Go(func() {
 			if _, err := p.hold(); err != nil {
 				r.problem("redis-loss: stop %s: %v", p.name, err)
@@ -148,7 +155,7 @@ func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
 	}
 	wg.Wait()
 	defer func() {
-		for _, p := range r.relays {
+		for _, p := range held {
 			p.release()
 		}
 	}()
@@ -192,8 +199,8 @@ func (r *run) redisLoss(ctx context.Context, d time.Duration) (string, error) {
 	if republished != len(rec.Lost) {
 		r.problem("redis-loss: reconcile found %d lost events, republish put back %d", len(rec.Lost), republished)
 	}
-	return fmt.Sprintf("redis back without its last %s (its append-only file from before), the relays stopped meanwhile; "+
-		"reconcile found %d events lost, republished %d, relays started", d, len(rec.Lost), republished), nil
+	return fmt.Sprintf("redis back without its last %s (its append-only file from before), the relays and consumers stopped meanwhile; "+
+		"reconcile found %d events lost, republished %d, relays and consumers started", d, len(rec.Lost), republished), nil
 }
 
 // waitNoAOFRewrite waits until Redis neither rewrites its append-only file
