@@ -94,11 +94,13 @@ func waitsAfterFaults(events []eventTiming, faults []FaultRecord, held time.Dura
 		if last < 0 || (halfOpen >= 0 && afterFaultLimit(faults[last]) < limit) {
 			last = halfOpen
 		}
-		if last < 0 && held > 0 {
-			last = recent // named as what the effect may still be waiting on
-		}
-		if last >= 0 && held > 0 {
-			limit += held
+		if held > 0 {
+			if last < 0 {
+				last = recent // named as what the effect may still be waiting on
+			}
+			if last >= 0 {
+				limit += held
+			}
 		}
 		out = append(out, afterFault{event: e, wait: max(e.Publish.Sub(start), 0), fault: last, limit: limit})
 	}
@@ -177,16 +179,15 @@ func (r *run) judgeWaits(waits []afterFault, faults []FaultRecord, done string) 
 	if len(waits) == 0 {
 		return 0
 	}
-	worst := map[string]time.Duration{}
-	worstOf := map[string]afterFault{}
+	worst := map[string]afterFault{} // the slowest of each kind of fault
 	var late []afterFault
 	for _, w := range waits {
 		kind := "none"
 		if w.fault >= 0 {
 			kind = faults[w.fault].Kind
 		}
-		if _, ok := worst[kind]; !ok || w.wait > worst[kind] {
-			worst[kind], worstOf[kind] = w.wait, w
+		if _, ok := worst[kind]; !ok {
+			worst[kind] = w // waits are sorted slowest first
 		}
 		if w.wait > w.limit {
 			late = append(late, w)
@@ -194,8 +195,9 @@ func (r *run) judgeWaits(waits []afterFault, faults []FaultRecord, done string) 
 	}
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(worst)) {
-		parts = append(parts, fmt.Sprintf("%s %s", k, worst[k].Truncate(time.Millisecond)))
-		if w := worstOf[k]; w.wait > maxAfterFault/2 {
+		w := worst[k]
+		parts = append(parts, fmt.Sprintf("%s %s", k, w.wait.Truncate(time.Millisecond)))
+		if w.wait > maxAfterFault/2 {
 			r.logf("after faults (%s): the slowest, event %s, waited %s (ready %s, %s %s, fault #%d, bound %s)",
 				done, w.event.ID, w.wait.Truncate(time.Millisecond), stamp(w.event.Ready), done, stamp(w.event.Publish), w.fault+1, w.limit)
 		}
