@@ -75,7 +75,10 @@ type Config struct {
 	// one Handle call gets. Default DefaultBacklogFactor × BatchSize (at most
 	// 10,000); set it to BatchSize to keep every batch at BatchSize.
 	MaxBatchSize int
-	// Block bounds one blocking read, and so how long shutdown can take.
+	// Block is how long a read waits for new entries before it comes back
+	// empty (the reader then adopts what others left pending, and reads
+	// again). A stop does not wait for it: Redis Streams' reads wait in
+	// slices of a quarter second, NATS's end with their context.
 	Block time.Duration
 	// ClaimInterval is how often entries idle for ClaimMinIdle (their
 	// consumer died, or they keep failing) are claimed. ClaimMinIdle must

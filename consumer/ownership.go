@@ -173,8 +173,8 @@ func (c *Consumer) own(ctx context.Context) error {
 		// The partitions handed over: every worker told to stop first, then
 		// the wanted partitions taken, then the handed-over ones given back
 		// once their workers have stopped. A worker blocked reading new
-		// entries stops only when its read returns (up to Block): the
-		// partitions freed meanwhile by others must not wait for that.
+		// entries stops when its read's slice ends (streams.go, readSlice):
+		// the partitions freed meanwhile by others need not wait for that.
 		var leaving []int
 		for p, w := range workers {
 			if !slices.Contains(want, p) {

@@ -68,23 +68,7 @@ func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
 		if cfg.Consumer == "a" {
 			c.reading.Init()
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- c.Run(ctx) }()
-		stop := func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("consumer %s: %v", cfg.Consumer, err)
-			}
-		}
-		t.Cleanup(func() {
-			select {
-			case <-ctx.Done():
-			default:
-				stop()
-			}
-		})
-		return c, stop
+		return c, runConsumer(t, c)
 	}
 	// a last: the others hand over to it at once (their reads block 100 ms).
 	b, _ := start(cfgOf("b", 100*time.Millisecond))
@@ -119,4 +103,76 @@ func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("the partition c gave back waited %s for its next owner: more than a second", took.Round(time.Millisecond))
 	}
+}
+
+// A member joins: the one that owned every partition hands it half of them,
+// while its worker of one handed over is blocked reading it (5 s here). The
+// newcomer holds that partition within a second anyway, and applies its next
+// event: a worker told to stop does not finish the read's block first. (A
+// rolling restart rebalances at every step: each partition handed over
+// waited up to --block, 2 s, and twice when a member came back.)
+func TestHandedOverPartitionMovesWhileItsWorkerIsBlockedInARead(t *testing.T) {
+	t.Parallel()
+	rdb := outboxtest.NewRedis(t)
+	h := newRecorder(rdb.Client)
+	// Two partitions: a alone wants both; with b, a wants 0 and b 1.
+	cfgOf := func(name string, block time.Duration) Config {
+		cfg := testConfig(rdb, name)
+		cfg.Partitions, cfg.Block = 2, block
+		return cfg
+	}
+	a := newGroupConsumer(t, rdb, h, cfgOf("a", 5*time.Second))
+	a.reading.Init()
+	runConsumer(t, a)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return owns(rdb, a, 0) && owns(rdb, a, 1) },
+		"a did not take both partitions")
+	// a's worker of partition 1 is blocked in its read for 5 s from now.
+	a.reading.Clear()
+	if _, err := a.reading.WaitFor(10*time.Second, func(p int) bool { return p == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	b := newGroupConsumer(t, rdb, h, cfgOf("b", 100*time.Millisecond))
+	started := time.Now()
+	runConsumer(t, b)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return owns(rdb, b, 1) }, "b did not take partition 1")
+	took := time.Since(started)
+	t.Logf("b held the partition a handed over %s after it started", took.Round(time.Millisecond))
+	if took > 1500*time.Millisecond {
+		t.Errorf("the partition a handed over waited %s for b: its worker finished its read's block first", took.Round(time.Millisecond))
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("key-%d", i); partition.Of(k, 2) == 1 {
+			key = k
+		}
+	}
+	publishKeyed(t, rdb, b.parts[1].stream, "agg-1", key)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(h.effects()) == 1 },
+		"the event of the partition handed over was not applied")
+	if !owns(rdb, b, 1) {
+		t.Fatal("b lost partition 1")
+	}
+}
+
+// runConsumer runs c until the test ends or the function it returns is
+// called; either checks that Run returned no error.
+func runConsumer(t *testing.T, c *Consumer) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	stop = func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer %s: %v", c.cfg.Consumer, err)
+		}
+	}
+	t.Cleanup(func() {
+		select {
+		case <-ctx.Done():
+		default:
+			stop()
+		}
+	})
+	return stop
 }

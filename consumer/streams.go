@@ -482,15 +482,37 @@ func (r *streamReader) xreadgroup(ctx context.Context, count int, block time.Dur
 	return r.s.xreadgroup(ctx, r.p.Group, []string{r.p.Subject, ">"}, count, block)
 }
 
+// A blocking read waits in slices of at most readSlice, and none begins
+// once ctx is done: Redis does not see a cancelled context, and a worker told
+// to stop (its partition handed over to another member, or the consumer
+// shutting down) would otherwise hold its partition, lease and all, until
+// the whole block ran out. (The cost: an idle partition's reader asks again
+// every readSlice; docs/design.md.)
 func (s *streams) xreadgroup(ctx context.Context, group string, streams []string, count int, block time.Duration) ([]redis.XStream, error) {
-	res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: group, Consumer: s.cfg.Consumer, Streams: streams, Count: int64(count), Block: block,
-	}).Result()
-	if errors.Is(err, redis.Nil) || isTimeout(err) {
-		return nil, nil
+	for {
+		wait := block
+		if block > 0 {
+			wait = min(block, readSlice)
+			block -= wait
+		}
+		res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: group, Consumer: s.cfg.Consumer, Streams: streams, Count: int64(count), Block: wait,
+		}).Result()
+		if !errors.Is(err, redis.Nil) && !isTimeout(err) {
+			return res, err
+		}
+		if block <= 0 {
+			return nil, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 	}
-	return res, err
 }
+
+// readSlice is the longest a blocking read waits before its reader looks
+// whether it was told to stop.
+const readSlice = 250 * time.Millisecond
 
 // adoptEarlier claims the entries of the partition still pending with
 // other consumers that are older than before (empty: up to the stream's

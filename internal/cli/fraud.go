@@ -47,7 +47,7 @@ func runFraud(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cfg.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
 	fs.IntVar(&cfg.BatchSize, "batch", fraud.DefaultBatchSize, "entries per read")
 	fs.IntVar(&cfg.MaxBatchSize, "max-batch", 0, "entries per read under a backlog: a full read doubles the next one up to this; equal to --batch, every read stays at --batch (default 5 × --batch, at most 10000)")
-	fs.DurationVar(&cfg.Block, "block", fraud.DefaultBlock, "longest blocking read (bounds shutdown time)")
+	fs.DurationVar(&cfg.Block, "block", fraud.DefaultBlock, "how long a read waits for new entries before it comes back empty")
 	fs.DurationVar(&cfg.ClaimInterval, "claim-interval", fraud.DefaultClaimInterval, "how often to claim entries of dead consumers")
 	fs.DurationVar(&cfg.ClaimMinIdle, "claim-min-idle", fraud.DefaultClaimMinIdle, "idle time after which an entry is claimed")
 	fs.IntVar(&cfg.MaxDeliveries, "max-deliveries", fraud.DefaultMaxDeliveries, "deliveries before an unprocessable entry is dead-lettered")

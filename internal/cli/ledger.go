@@ -61,7 +61,7 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&cc.Consumer, "consumer", "", "consumer name, stable across restarts (default hostname)")
 	fs.IntVar(&cc.BatchSize, "batch", consumer.DefaultBatchSize, "entries per read: one transaction each")
 	fs.IntVar(&cc.MaxBatchSize, "max-batch", 0, "entries per read under a backlog: a full read doubles the next one up to this; equal to --batch, every read stays at --batch (default 5 × --batch, at most 10000)")
-	fs.DurationVar(&cc.Block, "block", consumer.DefaultBlock, "longest blocking read (bounds shutdown time)")
+	fs.DurationVar(&cc.Block, "block", consumer.DefaultBlock, "how long a read waits for new entries before it comes back empty")
 	fs.DurationVar(&cc.ClaimInterval, "claim-interval", consumer.DefaultClaimInterval, "how often to claim entries of dead consumers")
 	fs.DurationVar(&cc.ClaimMinIdle, "claim-min-idle", consumer.DefaultClaimMinIdle, "idle time after which an entry is claimed")
 	fs.IntVar(&cc.MaxDeliveries, "max-deliveries", consumer.DefaultMaxDeliveries, "deliveries before an unprocessable entry is dead-lettered")
