@@ -125,23 +125,23 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 // consumer.MaxRetryDelay), plus, for an effect a fault held or that was
 // ready within maxAfterFault of a fault's end, consumerHandover: a fault
 // that changes the group's members (a consumer killed, stalled, joining,
-// leaving, or cut from Redis) moves partitions, and a consumer hands a
-// partition over once its worker's read returns, which blocks up to
-// --block (2 s) when nothing new comes, twice when a member comes back;
-// after a broker's restart a consumer reopens its partitions, each request
-// bounded by 2 s (natssource).
+// leaving, or cut from Redis) moves partitions, twice when a member comes
+// back; after a broker's restart a consumer reopens its partitions, each
+// request bounded by 2 s (natssource).
 func (r *run) judgeEffectsAfterFaults(events []eventTiming, effects map[string]time.Time, faults []FaultRecord, res *Result) {
 	res.WorstEffectAfterFault = r.judgeWaits(waitsAfterFaults(effectTimings(events, effects), faults, consumerHandover), faults, "applied")
 }
 
 // consumerHandover is what an effect a fault held may wait besides the
 // publish's bound: two handovers of its partition (a member that comes back
-// takes its partitions back, after others took them from it), each waiting
-// for the worker's read, up to the consumers' --block (consumer.DefaultBlock,
-// 2 s). Measured: up to 3.8 s after the faults, on a cluster
-// (docs/log.md); a prompt handover (the lease given back as the worker is
-// told to stop, the fence keeping its late effects out) would shorten it.
-const consumerHandover = 4 * time.Second
+// takes its partitions back, after others took them from it), each a
+// presence tick to notice the change, a read slice for the worker to stop
+// and a tick for the new owner (250 ms each, consumer/presence.go and
+// streams.go), or a JetStream consumer's reopening of its partitions after
+// a server restart, each request bounded by 2 s (natssource). Measured: up
+// to 0.86 s after the faults on a cluster (docs/log.md); 3.8 s when a
+// handed-over worker finished its read's block (--block, 2 s) first.
+const consumerHandover = 2 * time.Second
 
 // effectTimings turns the events that have an effect into timings whose
 // Ready is when the consumer could apply them and whose Publish is when it
