@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tedbank/outbox/consumer"
@@ -35,6 +36,9 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("status", &c)
 	broker, options := statusFlags(e, fs)
 	asJSON := fs.Bool("json", false, "print JSON (docs/operations.md, \"Is it being delivered?\")")
+	light := fs.Bool("light", false, fmt.Sprintf("read what the backlog costs, not the whole outbox table, as the console does: "+
+		"the published rows are not counted (published_counted false) and each slot's backlog is counted among the oldest %d unpublished rows; "+
+		"for a table that keeps many published rows", status.LightSlotRows))
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -42,6 +46,7 @@ func runStatus(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	opts.Light = *light
 	if _, err := c.logger(e.stderr); err != nil {
 		return err
 	}
@@ -160,8 +165,12 @@ func printStatus(w io.Writer, st *status.Status) {
 		if st.Aggregate != "" {
 			of = "  (" + st.Aggregate + ")"
 		}
-		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %d  dead %d  retrying %d  oldest pending %.1fs%s\n",
-			st.Pending, st.Publishing, st.Published, st.Dead, st.Retrying, st.OldestPendingSeconds, of)
+		published := strconv.FormatInt(st.Published, 10)
+		if !st.PublishedCounted {
+			published = "not counted"
+		}
+		fmt.Fprintf(w, "outbox   pending %d  publishing %d  published %s  dead %d  retrying %d  oldest pending %.1fs%s\n",
+			st.Pending, st.Publishing, published, st.Dead, st.Retrying, st.OldestPendingSeconds, of)
 		printRelays(w, st)
 		for _, r := range st.RetryingEvents {
 			next := fmt.Sprintf("next try in %.1fs", r.NextAttemptInSeconds)

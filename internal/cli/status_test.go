@@ -361,3 +361,38 @@ func TestStatusRelayWithoutAPidIsAliveWhileItsMembershipRuns(t *testing.T) {
 		t.Fatalf("membership ended: exit %d, %q", code, st.Problems)
 	}
 }
+
+// status --light reads what the backlog costs, not the table (a table that
+// keeps many published rows): the published rows are not counted, and says
+// so, in JSON and in text; the backlog's figures are the same.
+func TestStatusLightDoesNotCountThePublishedRows(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t)
+	d.startRelay("r1")
+	if code, _, stderr := run(t, d.env, "settle", "--count", "12", "--json"); code != exitOK {
+		t.Fatalf("settle: exit %d %s", code, stderr)
+	}
+	var st status.Status
+	outboxtest.Eventually(t, 20*time.Second, func() bool {
+		_, st = d.status("--stream", d.stream(), "--key-prefix", d.keyPrefix())
+		return st.Published == 12
+	}, "the relay did not publish the 12 TEDs: %+v", func() any { return st })
+	if !st.PublishedCounted {
+		t.Fatalf("status without --light: published_counted false, %+v", st)
+	}
+	_, light := d.status("--light", "--stream", d.stream(), "--key-prefix", d.keyPrefix())
+	if light.PublishedCounted || light.Published != 0 {
+		t.Errorf("status --light: published %d, published_counted %v; want 0, false", light.Published, light.PublishedCounted)
+	}
+	if light.Pending != st.Pending || light.Dead != st.Dead || light.Retrying != st.Retrying || light.LiveRelays != 1 {
+		t.Errorf("status --light disagrees with the full read on the backlog: %+v against %+v", light, st)
+	}
+	code, stdout, _ := run(t, d.env, "status", "--light", "--stream", d.stream(), "--key-prefix", d.keyPrefix())
+	if !strings.Contains(stdout, "published not counted") {
+		t.Errorf("status --light, text: exit %d, no \"published not counted\"\n%s", code, stdout)
+	}
+	_, stdout, _ = run(t, d.env, "status", "--stream", d.stream(), "--key-prefix", d.keyPrefix())
+	if !strings.Contains(stdout, "published 12 ") {
+		t.Errorf("status, text: no \"published 12\"\n%s", stdout)
+	}
+}
