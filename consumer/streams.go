@@ -498,7 +498,10 @@ func (s *streams) xreadgroup(ctx context.Context, group string, streams []string
 		res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
 			Group: group, Consumer: s.cfg.Consumer, Streams: streams, Count: int64(count), Block: wait,
 		}).Result()
-		if !errors.Is(err, redis.Nil) && !isTimeout(err) {
+		if isTimeout(err) {
+			return nil, nil // the client gave up on the reply: no slice more on it
+		}
+		if !errors.Is(err, redis.Nil) {
 			return res, err
 		}
 		if block <= 0 {
