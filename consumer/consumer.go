@@ -195,8 +195,9 @@ func (c *Consumer) EnsureGroup(ctx context.Context) error {
 	return nil
 }
 
-// Run consumes until ctx is cancelled and returns nil then; shutdown takes at
-// most about Config.Block. The consumers of the group divide the partitions
+// Run consumes until ctx is cancelled and returns nil then, once the batches
+// in flight are done (a read waiting for new entries ends within a quarter
+// second: streams.go, readSlice). The consumers of the group divide the partitions
 // among themselves (ownership.go); for each partition it owns, the consumer
 // first takes over every entry still pending in the group (delivered before
 // a crash or a rebalance, never acknowledged) and applies them in stream

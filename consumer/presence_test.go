@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -107,7 +108,8 @@ func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
 
 // A member joins: the one that owned every partition hands it half of them,
 // while its worker of one handed over is blocked reading it (5 s here). The
-// newcomer holds that partition within a second anyway, and applies its next
+// newcomer holds that partition within about a quarter second anyway (1.5 s
+// allowed, for -race on a busy machine), and applies its next
 // event: a worker told to stop does not finish the read's block first. (A
 // rolling restart rebalances at every step: each partition handed over
 // waited up to --block, 2 s, and twice when a member came back.)
@@ -175,4 +177,31 @@ func runConsumer(t *testing.T, c *Consumer) (stop func()) {
 		}
 	})
 	return stop
+}
+
+// A blocking read of any length ends about when asked, in whole slices and
+// whatever is left: a leftover under a millisecond must not become BLOCK 0
+// (Redis: forever; the client gives up only at its read deadline, 10 s
+// on). The read before a pending retry is due blocks until then, to the
+// nanosecond.
+func TestBlockingReadOfAnyLengthEndsWhenAsked(t *testing.T) {
+	t.Parallel()
+	rdb := outboxtest.NewRedis(t)
+	ctx := context.Background()
+	stream := rdb.Prefix + "stream"
+	if err := rdb.XGroupCreateMkStream(ctx, stream, "g", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newStreams(rdb.Client, Config{Consumer: "c"}, slog.New(slog.DiscardHandler))
+	for _, block := range []time.Duration{readSlice + 500*time.Microsecond, 300 * time.Microsecond, 2*readSlice + time.Nanosecond} {
+		started := time.Now()
+		res, err := s.xreadgroup(ctx, "g", []string{stream, ">"}, 1, block)
+		took := time.Since(started)
+		if err != nil || len(res) != 0 {
+			t.Fatalf("read blocking %s: %v %v", block, res, err)
+		}
+		if took > block+time.Second {
+			t.Errorf("a read asked to block %s took %s", block, took.Round(time.Millisecond))
+		}
+	}
 }

@@ -489,6 +489,11 @@ func (r *streamReader) xreadgroup(ctx context.Context, count int, block time.Dur
 // the whole block ran out. (The cost: an idle partition's reader asks again
 // every readSlice; docs/design.md.)
 func (s *streams) xreadgroup(ctx context.Context, group string, streams []string, count int, block time.Duration) ([]redis.XStream, error) {
+	if block > 0 {
+		// Redis takes whole milliseconds, and BLOCK 0 is forever: a
+		// slice under one would wait until the client gave up (10 s on).
+		block = max(block.Round(time.Millisecond), time.Millisecond)
+	}
 	for {
 		wait := block
 		if block > 0 {

@@ -24,7 +24,7 @@ import (
 //
 // Half-open links (blackhole) are the exception: a statement or a read
 // sent on a connection that went silent waits for its timeout (the relay's
-// claim 10 s, a consumer's read --block + 10 s), which no fault's end
+// claim 10 s, a consumer's read its slice + 10 s, consumer/streams.go), which no fault's end
 // shortens; they have their own bound, those timeouts and a reconnection.
 // So is a Redis that refuses writes (redis-oom) for T seconds: the relay
 // backs off while the broker refuses whole batches, probing it with one row
@@ -120,7 +120,7 @@ func (r *run) judgeAfterFaults(events []eventTiming, faults []FaultRecord, res *
 // the effect of its key's previous event was applied: the consumer holds a
 // key's next event until then) and again at the end of every fault in
 // force before the effect. The bounds are the events' (a consumer blocked
-// on a half-open link waits for its read's timeout, --block + 10 s; one
+// on a half-open link waits for its read's timeout, 250 ms + 10 s; one
 // whose effects Redis refused retries at most a second apart,
 // consumer.MaxRetryDelay), plus, for an effect a fault held or that was
 // ready within maxAfterFault of a fault's end, consumerHandover: a fault
@@ -137,11 +137,12 @@ func (r *run) judgeEffectsAfterFaults(events []eventTiming, effects map[string]t
 // takes its partitions back, after others took them from it), each a
 // presence tick to notice the change, a read slice for the worker to stop
 // and a tick for the new owner (250 ms each, consumer/presence.go and
-// streams.go), or a JetStream consumer's reopening of its partitions after
-// a server restart, each request bounded by 2 s (natssource). Measured: up
-// to 0.86 s after the faults on a cluster (docs/log.md); 3.8 s when a
-// handed-over worker finished its read's block (--block, 2 s) first.
-const consumerHandover = 2 * time.Second
+// streams.go: 1.5 s for two), or a JetStream consumer's reopening of its
+// partitions after a server restart: one Open that gives up (2 s,
+// natssource) and its retry. Measured: up to 0.86 s after the faults on a
+// cluster, 1.7 s after a nats-kill (docs/log.md); 3.8 s when a handed-over
+// worker finished its read's block (--block, 2 s) first.
+const consumerHandover = 3 * time.Second
 
 // effectTimings turns the events that have an effect into timings whose
 // Ready is when the consumer could apply them and whose Publish is when it
