@@ -18,6 +18,7 @@ import (
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/tcpproxy"
+	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay/entry"
 )
 
@@ -464,5 +465,75 @@ func TestEnsureCreatesTheStreamOnceAndUpdatesOnlyAChange(t *testing.T) {
 	}
 	if st, err = js.Stream(ctx, s.Name); err != nil || st.CachedInfo().Config.MaxAge != 48*time.Hour {
 		t.Fatalf("stream after a change: %v, max age %v, want 48h", err, st.CachedInfo().Config.MaxAge)
+	}
+}
+
+// nats-server restarts (killed, back on its port with its store) while a
+// consumer waits in a blocking fetch. The fetch's pull request died with the
+// server, and nothing would end it before its own timer: the consumer must
+// notice that its connection came back, and read the partition again at
+// once. (The chaos suite's effects waited up to 2 s after a nats-kill or a
+// nats-restart.)
+func TestJetStreamConsumerIsBackAtOnceAfterTheServerRestarts(t *testing.T) {
+	t.Parallel()
+	srv, err := testenv.LocalNATS(context.Background(), testenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	rdb := outboxtest.NewRedis(t)
+	nc, js, err := natsjs.Connect(srv.URL, "outbox-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	prefix := rdb.Prefix + "outbox.event."
+	if _, err := natsjs.Ensure(context.Background(), js, natsjs.Stream{Name: "OUTBOX", SubjectPrefix: prefix}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(rdb, "c1")
+	cfg.Stream = prefix + "thing"
+	// The pull request's own timer, which nothing else would shorten, well
+	// past the restart (about 4 s here: JetStream recovers its store).
+	cfg.Block, cfg.PartitionLease = 10*time.Second, 30*time.Second
+	e := &jsEnv{t: t, rdb: rdb, js: js, cfg: cfg}
+	h := newRecorder(rdb.Client)
+	c, err := NewWithSource(rdb.Client, natssource.New(js), h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(start(c))
+	e.publish(uuid.New(), "before")
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return c.Stats().Processed == 1 }, "the first event was not applied")
+	// The consumer waits in its blocking fetch: its pull request is at the
+	// server.
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		d, err := natssource.Durable(context.Background(), js, "OUTBOX", c.cfg.Group, 0)
+		if err != nil {
+			return false
+		}
+		info, err := d.Info(context.Background())
+		return err == nil && info.NumWaiting > 0
+	}, "the consumer's fetch did not reach the server")
+	killed := time.Now()
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // down a second, as the chaos suite's nats-kill
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	t.Logf("the server was back %s after the kill", back.Sub(killed).Round(time.Millisecond))
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		_, err := js.AccountInfo(context.Background())
+		return err == nil
+	}, "the test's own connection did not come back")
+	e.publish(uuid.New(), "after")
+	outboxtest.Eventually(t, 15*time.Second, func() bool { return c.Stats().Processed == 2 }, "the event published after the restart was not applied")
+	took := time.Since(back)
+	t.Logf("applied %s after the server was back", took.Round(time.Millisecond))
+	if took > 1500*time.Millisecond {
+		t.Errorf("the event published after the restart was applied %s after the server was back: the consumer waited out its fetch", took.Round(time.Millisecond))
 	}
 }

@@ -294,12 +294,12 @@ func (r *reader) Flush(timeout time.Duration) error {
 // latency would include it.)
 func (r *reader) Read(ctx context.Context, n int, block time.Duration) ([]source.Message, error) {
 	limit := block + fetchGrace
-	msgs, err := r.inOrder(collect(ctx, limit)(r.cons.FetchNoWait(n)))
+	msgs, err := r.inOrder(collect(ctx, limit, r.replaced)(r.cons.FetchNoWait(n)))
 	if err == nil && len(msgs) == 0 {
 		started := time.Now()
-		if msgs, err = r.inOrder(collect(ctx, limit)(r.cons.Fetch(1, jetstream.FetchMaxWait(block)))); err == nil && len(msgs) == 1 && n > 1 {
+		if msgs, err = r.inOrder(collect(ctx, limit, r.replaced)(r.cons.Fetch(1, jetstream.FetchMaxWait(block)))); err == nil && len(msgs) == 1 && n > 1 {
 			var more []source.Message
-			more, err = r.inOrder(collect(ctx, limit)(r.cons.FetchNoWait(n - 1)))
+			more, err = r.inOrder(collect(ctx, limit, r.replaced)(r.cons.FetchNoWait(n - 1)))
 			msgs = append(msgs, more...)
 		}
 		if err == nil && len(msgs) == 0 && time.Since(started) >= block*3/2 && ctx.Err() == nil {
@@ -337,6 +337,14 @@ func (r *reader) inOrder(msgs []source.Message, err error) ([]source.Message, er
 // not notice).
 const fetchGrace = 5 * time.Second
 
+// replacedEvery is how often a fetch looks whether its connection was
+// replaced (a reconnection: the client reconnects every 250 ms, natsjs).
+const replacedEvery = 50 * time.Millisecond
+
+// replaced reports whether the connection was replaced since the reader
+// opened (Valid's opposite).
+func (r *reader) replaced() bool { return !r.Valid() }
+
 // errSilent: a fetch ended by the client's timer, not the server's answer.
 var errSilent = fmt.Errorf("no answer from the server to a pull request (half-open connection?): %w", nats.ErrTimeout)
 
@@ -346,13 +354,15 @@ var errFetchHung = fmt.Errorf("fetch did not end in time: %w", nats.ErrTimeout)
 // collect returns a function that reads a fetch's messages, giving up after
 // limit; running out of time or of messages is not an error. Messages that
 // arrive after it gave up are delivered again after their ack wait.
-func collect(ctx context.Context, limit time.Duration) func(jetstream.MessageBatch, error) ([]source.Message, error) {
+func collect(ctx context.Context, limit time.Duration, replaced func() bool) func(jetstream.MessageBatch, error) ([]source.Message, error) {
 	return func(batch jetstream.MessageBatch, err error) ([]source.Message, error) {
 		if err != nil {
 			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		timer := time.NewTimer(limit)
 		defer timer.Stop()
+		look := time.NewTicker(replacedEvery)
+		defer look.Stop()
 		var msgs []source.Message
 		for {
 			select {
@@ -365,6 +375,15 @@ func collect(ctx context.Context, limit time.Duration) func(jetstream.MessageBat
 				return msgs, errFetchHung
 			case <-ctx.Done():
 				return msgs, ctx.Err()
+			case <-look.C:
+				if replaced() {
+					// The pull request went with the connection (a server
+					// restarted): nothing would end it before its own
+					// timer. The reader is no longer Valid: the partition
+					// is opened again on the new connection.
+					return msgs, nil
+				}
+				continue
 			}
 			break
 		}
