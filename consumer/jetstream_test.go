@@ -18,7 +18,6 @@ import (
 	"github.com/tedbank/outbox/internal/natsjs"
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/tcpproxy"
-	"github.com/tedbank/outbox/internal/testenv"
 	"github.com/tedbank/outbox/relay/entry"
 )
 
@@ -476,11 +475,7 @@ func TestEnsureCreatesTheStreamOnceAndUpdatesOnlyAChange(t *testing.T) {
 // nats-restart.)
 func TestJetStreamConsumerIsBackAtOnceAfterTheServerRestarts(t *testing.T) {
 	t.Parallel()
-	srv, err := testenv.LocalNATS(context.Background(), testenv.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
+	srv := outboxtest.OwnNATS(t)
 	rdb := outboxtest.NewRedis(t)
 	nc, js, err := natsjs.Connect(srv.URL, "outbox-test")
 	if err != nil {

@@ -262,6 +262,19 @@ func NewRedis(t testing.TB) Redis {
 	return Redis{Client: rdb, URL: redisServer.URL, Prefix: prefix}
 }
 
+// OwnNATS starts a nats-server with JetStream of t's own from the local
+// binary, for a test that kills or restarts it (Kill, Start: on its port,
+// with its store); it goes when t ends.
+func OwnNATS(t testing.TB) *testenv.Server {
+	t.Helper()
+	srv, err := testenv.LocalNATS(context.Background(), testenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv
+}
+
 // OwnRedis starts a Redis server of t's own from the local redis-server
 // binary, with args (redis-server options), for a test that changes what
 // the whole server does (its maxmemory, its policy); both the client and
