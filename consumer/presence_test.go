@@ -59,11 +59,7 @@ func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
 	h := newRecorder(rdb.Client)
 	// Four partitions: with a, b, c, a wants 0 and 3, b 1, c 2; once c
 	// has left, a wants 0 and 2, b 1 and 3.
-	cfgOf := func(name string, block time.Duration) Config {
-		cfg := testConfig(rdb, name)
-		cfg.Partitions, cfg.Block = 4, block
-		return cfg
-	}
+	cfgOf := func(name string, block time.Duration) Config { return partitioned(rdb, name, 4, block) }
 	start := func(cfg Config) (*Consumer, func()) {
 		c := newGroupConsumer(t, rdb, h, cfg)
 		if cfg.Consumer == "a" {
@@ -86,14 +82,8 @@ func TestPartitionFreedIsTakenWhileAHandedOverOneFinishesItsRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopC()
-	key := ""
-	for i := 0; key == ""; i++ {
-		if k := fmt.Sprintf("key-%d", i); partition.Of(k, 4) == 2 {
-			key = k
-		}
-	}
 	published := time.Now()
-	publishKeyed(t, rdb, c.parts[2].stream, "agg-2", key)
+	publishKeyed(t, rdb, c.parts[2].stream, "agg-2", keyOf(2, 4))
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(h.effects()) == 1 },
 		"the event of the partition c gave back was not applied")
 	took := time.Since(published)
@@ -118,11 +108,7 @@ func TestHandedOverPartitionMovesWhileItsWorkerIsBlockedInARead(t *testing.T) {
 	rdb := outboxtest.NewRedis(t)
 	h := newRecorder(rdb.Client)
 	// Two partitions: a alone wants both; with b, a wants 0 and b 1.
-	cfgOf := func(name string, block time.Duration) Config {
-		cfg := testConfig(rdb, name)
-		cfg.Partitions, cfg.Block = 2, block
-		return cfg
-	}
+	cfgOf := func(name string, block time.Duration) Config { return partitioned(rdb, name, 2, block) }
 	a := newGroupConsumer(t, rdb, h, cfgOf("a", 5*time.Second))
 	a.reading.Init()
 	runConsumer(t, a)
@@ -142,17 +128,27 @@ func TestHandedOverPartitionMovesWhileItsWorkerIsBlockedInARead(t *testing.T) {
 	if took > 1500*time.Millisecond {
 		t.Errorf("the partition a handed over waited %s for b: its worker finished its read's block first", took.Round(time.Millisecond))
 	}
-	key := ""
-	for i := 0; key == ""; i++ {
-		if k := fmt.Sprintf("key-%d", i); partition.Of(k, 2) == 1 {
-			key = k
-		}
-	}
-	publishKeyed(t, rdb, b.parts[1].stream, "agg-1", key)
+	publishKeyed(t, rdb, b.parts[1].stream, "agg-1", keyOf(1, 2))
 	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(h.effects()) == 1 },
 		"the event of the partition handed over was not applied")
 	if !owns(rdb, b, 1) {
 		t.Fatal("b lost partition 1")
+	}
+}
+
+// partitioned is testConfig with n partitions and reads blocking block.
+func partitioned(rdb outboxtest.Redis, name string, n int, block time.Duration) Config {
+	cfg := testConfig(rdb, name)
+	cfg.Partitions, cfg.Block = n, block
+	return cfg
+}
+
+// keyOf is a partition key of partition p of n ("key-<i>", the first one).
+func keyOf(p, n int) string {
+	for i := 0; ; i++ {
+		if k := fmt.Sprintf("key-%d", i); partition.Of(k, n) == p {
+			return k
+		}
 	}
 }
 
