@@ -35,16 +35,7 @@ const flapBound = 2 * time.Second
 func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 	f := newFixture(t)
 	const app = "flapping-relay"
-	cfg, err := pgxpool.ParseConfig(f.DBURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	pool, err := pgxpool.NewWithConfig(f.Ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := appPool(t, f, app)
 	var logs relaytest.SyncBuffer
 	rcfg := f.RelayConfig("flapping")
 	rcfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, os.Stderr), nil))
@@ -164,6 +155,77 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 		t.Fatalf("%d of %d events reached the stream more than %s after their commit: %v",
 			len(late), len(waits), flapBound, late)
 	}
+}
+
+// A relay that is behind (a backlog, or commits faster than it drains)
+// drains without a pause: no drain ends between incidents. Its backends
+// terminated again and again, each incident still starts from zero: a drain
+// that published before it met a closed connection was not part of the
+// incident before, so it is tried again at once, never after a backoff that
+// grew with the incidents. (The run of fresh tries once spanned incidents,
+// and the sixth incident's drain backed off: "drain failed", and by the
+// end events waited seconds.)
+func TestRelayDrainingABacklogWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
+	f := newFixture(t)
+	const app = "backlog-relay"
+	pool := appPool(t, f, app)
+	var logs relaytest.SyncBuffer
+	rcfg := f.RelayConfig("backlog")
+	// Small batches: the backlog takes seconds to drain, every claim
+	// finds rows, and the one drain spans every incident.
+	rcfg.BatchSize = 10
+	rcfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, os.Stderr), nil))
+	r := f.NewRelayWithPool(pool, rcfg)
+	f.Run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return r.Stats().ListenUp }, "the relay is not listening")
+
+	// More incidents than the pool has connections, plus one: the fresh
+	// tries a run of closed connections gets.
+	incidents := int(pool.Config().MaxConns) + 4
+	const backlog = 20000
+	insertEvents(t, f.Pool, "transfer", backlog)
+	unpublished := `SELECT count(*) FROM outbox_messages WHERE status <> 'published'`
+	for i := range incidents {
+		// The relay is still draining the backlog, with a connection the
+		// incident will close.
+		outboxtest.Eventually(t, 10*time.Second, func() bool {
+			return f.Count(`SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = $1`, app) > 0
+		}, "incident %d: the relay has no pooled connection", i+1)
+		if left := f.Count(unpublished); left == 0 {
+			t.Fatalf("incident %d: the backlog is drained already: give the test more rows", i+1)
+		}
+		f.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE $1`, app+"%")
+		time.Sleep(200 * time.Millisecond)
+	}
+	outboxtest.Eventually(t, 60*time.Second, func() bool { return f.Count(unpublished) == 0 },
+		"the backlog was not drained")
+	log := string(logs.Bytes())
+	if strings.Contains(log, "drain failed") {
+		t.Error(`the relay's log says "drain failed": an incident did not start from zero`)
+	}
+	if n := strings.Count(log, "trying again at once on a fresh one"); n < incidents {
+		t.Errorf("the relay met %d pooled connections the server had closed, want one per incident (%d) at least", n, incidents)
+	}
+}
+
+// appPool is a pool of f's database whose connections carry the
+// application name app (the LISTEN connection's, app-listen), for a test to
+// terminate them.
+func appPool(t *testing.T, f *fixture, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(f.DBURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(f.Ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // describeRows logs the outbox rows of ids, for a failure's message.

@@ -106,7 +106,7 @@ func (r *Relay) drainLoop(ctx context.Context) {
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
-			wait = r.drainFailed(err)
+			wait = r.drainFailed(n, err)
 		default:
 			r.drainSucceeded()
 			// Rows that were claimable when this drain started were claimed.
@@ -159,11 +159,18 @@ const (
 	drainWarnEvery = 30 * time.Second
 )
 
-// drainFailed records a failed drain and returns how soon to try again: at
-// once when the server closed the pooled connection the drain ran on (the
-// next one runs on a fresh connection: a flapping link or a restarted pooler
-// costs no backoff), else after a backoff that grows while drains fail.
-func (r *Relay) drainFailed(err error) time.Duration {
+// drainFailed records a drain that failed after publishing published rows
+// and returns how soon to try again: at once when the server closed the
+// pooled connection the drain ran on (the next one runs on a fresh
+// connection: a flapping link or a restarted pooler costs no backoff), else
+// after a backoff that grows while drains fail. A drain that published
+// before it failed reached the server: its closed connection is a new
+// incident's, so the fresh tries start again (a relay behind drains without
+// a pause, and no drain that succeeds would end the run between incidents).
+func (r *Relay) drainFailed(published int, err error) time.Duration {
+	if published > 0 {
+		r.loop.db.lost = 0
+	}
 	if pgerr.ConnLost(err) && r.loop.db.lost < r.freshTries() {
 		r.loop.db.lost++
 		r.connLost(err)
