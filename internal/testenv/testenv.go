@@ -10,7 +10,9 @@
 //     internal/testenv/containers (the test helpers do; the outbox command
 //     does not, to stay free of the Docker client);
 //  3. a server process started from locally installed binaries (initdb and
-//     postgres, or redis-server) in a fresh temporary directory.
+//     postgres, or redis-server) in a fresh temporary directory: under
+//     /dev/shm (memory) when it has a GiB free and TMPDIR is not set, else
+//     under TMPDIR or /tmp.
 //
 // LocalPostgres and LocalRedis skip the first two steps and always start a
 // fresh process owned by the caller, for tests that stop or restart servers.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -69,6 +70,9 @@ func TestLocalPostgres(t *testing.T) {
 	}
 	if fi, err := os.Stat(s.dir); err != nil || !fi.IsDir() {
 		t.Fatalf("temporary directory %q: %v", s.dir, err)
+	}
+	if base := tempBase(); filepath.Dir(s.dir) != base && traversable(base) {
+		t.Errorf("the server's files are in %s, want a directory under %s", s.dir, base)
 	}
 
 	conn := connectPostgres(t, ctx, s.URL)
@@ -143,6 +147,47 @@ func TestLocalPostgres(t *testing.T) {
 	assertStopped(t, s.URL, s.dir)
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// Throw-away servers keep their files in memory where the machine has a
+// memory-backed directory with room, unless TMPDIR says where.
+func TestServersKeepTheirFilesInMemoryWhereThereIsRoom(t *testing.T) {
+	dir := t.TempDir()
+	// t.TempDir's parent is its owner's only.
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if !roomy(dir, 1) {
+		t.Errorf("roomy(%s, 1 byte) = false for a directory anyone may write to", dir)
+	}
+	if roomy(dir, 1<<62) {
+		t.Errorf("roomy(%s, 4 EiB) = true", dir)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if roomy(dir, 1) {
+		t.Errorf("roomy(%s) = true for a directory only its owner may write to", dir)
+	}
+	if roomy(filepath.Join(dir, "missing"), 1) {
+		t.Error("roomy = true for a directory that does not exist")
+	}
+
+	t.Setenv("TMPDIR", dir)
+	if got := tempBase(); got != dir {
+		t.Errorf("with TMPDIR=%s, tempBase() = %s", dir, got)
+	}
+	t.Setenv("TMPDIR", "")
+	want := os.TempDir()
+	if roomy(memoryDir, memoryDirRoom) {
+		want = memoryDir
+	}
+	if got := tempBase(); got != want {
+		t.Errorf("without TMPDIR, tempBase() = %s, want %s", got, want)
 	}
 }
 
