@@ -45,10 +45,15 @@ demo:
 # their time waiting out their faults: four run at a time.
 TEST_FLAGS = -race -count=1 -timeout 15m -parallel 4
 OWNERSHIP_TESTS = ^($(shell grep '^Test' internal/relaytest/ownership_tests.txt | paste -sd'|' -))$$
+# The outbox command with fail points, which tests run and kill
+# (outboxtest.Binary), is built once, for every test binary.
 test:
 	$(GO) vet ./...
 	$(GO) vet -tags failpoint ./internal/failpoint
-	@second_log=$$(mktemp); \
+	@bin_dir=$$(mktemp -d); trap 'rm -rf "$$bin_dir"' EXIT; \
+	$(GO) build -tags failpoint -o "$$bin_dir/outbox" ./cmd/outbox || exit 1; \
+	export OUTBOX_TEST_BINARY="$$bin_dir/outbox"; \
+	second_log=$$(mktemp); \
 	{ OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 -run '$(OWNERSHIP_TESTS)' . ./relay ./internal/tracing; auto=$$?; \
 	  $(GO) test $(TEST_FLAGS) -p 1 ./internal/cli ./consumer; rest=$$?; test $$auto -eq 0 && test $$rest -eq 0; } >"$$second_log" 2>&1 & second=$$!; \
 	echo "$(GO) test $(TEST_FLAGS) -p 2 ./internal/conformance ./relay . ./... except ./internal/cli ./consumer  (beside it: OUTBOX_RELAY_OWNERSHIP=auto $(GO) test $(TEST_FLAGS) -p 1 -run <internal/relaytest/ownership_tests.txt> . ./relay ./internal/tracing, then $(GO) test $(TEST_FLAGS) -p 1 ./internal/cli ./consumer)"; \

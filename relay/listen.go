@@ -209,8 +209,9 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 		// earlier backend may be alive still, behind a half-open link, but
 		// only a member's pid is a live relay's: migration 0018).
 		// Claims it does not know of (their reply was lost) keep the
-		// earlier pid: the reaper returns them to pending now.
-		st := queries.RelayRestamp(l.past, r.loop.held.list())
+		// earlier pid, or get one if they had none (taken while the LISTEN
+		// connection was down): the reaper returns them to pending now.
+		st := queries.RelayRestamp(r.cfg.Name, l.past, r.loop.held.list())
 		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 		_, err := conn.Exec(sctx, st.SQL, st.Args...)
 		cancel()

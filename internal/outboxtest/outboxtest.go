@@ -295,11 +295,21 @@ func OwnRedis(t testing.TB, args ...string) Redis {
 	return Redis{Client: rdb, URL: srv.URL}
 }
 
-// Binary builds cmd/outbox once per test binary and returns its path, for
-// tests that run and kill the real command.
+// Binary builds cmd/outbox (with fail points) once per test binary and
+// returns its path, for tests that run and kill the real command. When
+// OUTBOX_TEST_BINARY names one, it is used instead: make test builds it
+// once for all its test binaries (a link of cmd/outbox costs seconds of
+// CPU, and half a dozen test binaries each linked their own).
 func Binary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
+		if p := os.Getenv("OUTBOX_TEST_BINARY"); p != "" {
+			binPath = p
+			if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+				binErr = fmt.Errorf("OUTBOX_TEST_BINARY=%s is not an executable file (%v): unset it, or build it with go build -tags failpoint -o %s ./cmd/outbox", p, err, p)
+			}
+			return
+		}
 		binDir, binErr = os.MkdirTemp("", "outbox-bin-")
 		if binErr != nil {
 			return

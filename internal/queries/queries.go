@@ -72,7 +72,7 @@ var (
 	relayRead                = prepare("relay_read", "batch", "slots", "usable_slots", "in_flight", "window_ms", "max_bytes")
 	relayReap                = prepare("relay_reap", "lease_ms", "batch", "max_attempts", "self_pid")
 	relayRegister            = prepare("relay_register", "relay", "lease_ms")
-	relayRestamp             = prepare("relay_restamp", "past_pids", "tokens")
+	relayRestamp             = prepare("relay_restamp", "relay", "past_pids", "tokens")
 	relayRelease             = prepare("relay_release", "ids", "token", "after_ms", "reason")
 	relayMarkSent            = prepare("relay_mark_sent", "ids")
 	relayServerKeepalive     = prepare("relay_server_keepalive", "idle_s", "interval_s", "count", "user_timeout_ms")
@@ -236,8 +236,8 @@ func RelayServerKeepalive(idleS, intervalS, count, userTimeoutMS int) Statement 
 }
 
 // RelayRestamp is queries/relay_restamp.sql.
-func RelayRestamp(pastPIDs []int32, tokens []uuid.UUID) Statement {
-	return relayRestamp.with(pastPIDs, tokens)
+func RelayRestamp(relay string, pastPIDs []int32, tokens []uuid.UUID) Statement {
+	return relayRestamp.with(relay, pastPIDs, tokens)
 }
 
 // RelayWatch is queries/relay_watch.sql.

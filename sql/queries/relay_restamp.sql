@@ -12,14 +12,27 @@
 -- publish, as it does not know of it; left under the earlier pid, it is
 -- returned to pending as a dead relay's at once (the relay asks its reaper,
 -- relay/listen.go), not when its lease runs out.
+--
+-- A claim taken while the LISTEN connection was down has no pid: the
+-- relay's (@relay) that it knows are stamped too; one whose reply was lost
+-- is stamped with an earlier backend's pid (the last of @past_pids, gone
+-- or no member's), so the reaper returns it at once as well.
 WITH slots AS (
     UPDATE outbox_relay_partitions
        SET owner_pid = pg_backend_pid()
      WHERE owner_pid = ANY(@past_pids::int[])
+), unknown AS (
+    UPDATE outbox_messages
+       SET claimed_pid = (@past_pids::int[])[cardinality(@past_pids::int[])]
+     WHERE unpublished
+       AND status = 'publishing'
+       AND claimed_pid IS NULL
+       AND claimed_by = @relay
+       AND NOT claim_token = ANY(@tokens::uuid[])
 )
 UPDATE outbox_messages
    SET claimed_pid = pg_backend_pid()
  WHERE unpublished
    AND status = 'publishing'
-   AND claimed_pid = ANY(@past_pids::int[])
+   AND (claimed_pid = ANY(@past_pids::int[]) OR claimed_pid IS NULL AND claimed_by = @relay)
    AND claim_token = ANY(@tokens::uuid[])
