@@ -318,4 +318,3 @@ func TestAClaimWhoseReplyWasLostWhileListenWasDownIsTakenOverAtOnce(t *testing.T
 		return slices.Contains(f.Entries(f.Stream()), id.String())
 	}, "the lost claim was not published (without a pid, it waits for its lease)")
 }
-
