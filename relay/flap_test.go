@@ -216,8 +216,13 @@ func TestRelayDrainingABacklogWhoseBackendsAreTerminatedAgainAndAgain(t *testing
 	if strings.Contains(log, "drain failed") {
 		t.Error(`the relay's log says "drain failed": an incident did not start from zero`)
 	}
-	if n := strings.Count(log, "trying again at once on a fresh one"); n < incidents {
-		t.Errorf("the relay met %d pooled connections the server had closed, want one per incident (%d) at least", n, incidents)
+	// Not one per incident: an incident can strike while the relay's
+	// connections are being replaced, or the pool can find one closed
+	// before the relay uses it (a loaded CI run met 7 in 8 incidents). More
+	// than a run of fresh tries used to allow, so that the fault this
+	// tests did happen.
+	if n, want := strings.Count(log, "trying again at once on a fresh one"), int(pool.Config().MaxConns)+2; n < want {
+		t.Errorf("the relay met %d pooled connections the server had closed in %d incidents, want %d at least", n, incidents, want)
 	}
 }
 
