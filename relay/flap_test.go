@@ -289,25 +289,7 @@ func describeRows(t *testing.T, f *fixture, ids []string) {
 // it for the relay's own: it waited for its lease (30 s), which is how the
 // flapping test above once missed its bound.
 func TestAClaimWhoseReplyWasLostIsTakenOverAtOnce(t *testing.T) {
-	f := newFixture(t)
-	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
-	f.Run(r.Run)
-	var pid int32
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
-			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
-	}, "the relay is not listening")
-
-	// The lost claim: taken under the relay's name and LISTEN backend, with
-	// a token the relay never saw.
-	id := uuid.New()
-	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
-			status, claimed_at, claimed_by, claim_token, claimed_pid)
-		VALUES ($1, 'transfer', 'lost', 'x', '{}', 'lost', 'publishing', now(), 'r1', gen_random_uuid(), $2)`, id, pid)
-	f.Exec("SELECT pg_terminate_backend($1)", pid)
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return slices.Contains(f.Entries(f.Stream()), id.String())
-	}, "the lost claim was not published (restamped as the relay's own, it waits for its lease)")
+	lostClaimIsPublished(t, true, "restamped as the relay's own, it waits for its lease")
 }
 
 // The same, for a claim taken while the relay's LISTEN connection was down
@@ -318,6 +300,15 @@ func TestAClaimWhoseReplyWasLostIsTakenOverAtOnce(t *testing.T) {
 // how the backlog test above once stalled under a loaded make test, its
 // incidents striking while the LISTEN connection was still reconnecting.
 func TestAClaimWhoseReplyWasLostWhileListenWasDownIsTakenOverAtOnce(t *testing.T) {
+	lostClaimIsPublished(t, false, "without a pid, it waits for its lease")
+}
+
+// lostClaimIsPublished writes a claim of relay r1 with a token r1 never
+// saw (a claim whose reply was lost), under r1's LISTEN backend if withPID,
+// else with no pid (taken while that connection was down); then ends that
+// backend and wants the claim published within 10 s, well within its lease.
+func lostClaimIsPublished(t *testing.T, withPID bool, why string) {
+	t.Helper()
 	f := newFixture(t)
 	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -326,15 +317,16 @@ func TestAClaimWhoseReplyWasLostWhileListenWasDownIsTakenOverAtOnce(t *testing.T
 		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
 			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
 	}, "the relay is not listening")
-
-	// The lost claim: taken under the relay's name, with no LISTEN backend
-	// and a token the relay never saw.
+	var claimedPID any // NULL
+	if withPID {
+		claimedPID = pid
+	}
 	id := uuid.New()
 	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
 			status, claimed_at, claimed_by, claim_token, claimed_pid)
-		VALUES ($1, 'transfer', 'lost', 'x', '{}', 'lost', 'publishing', now(), 'r1', gen_random_uuid(), NULL)`, id)
+		VALUES ($1, 'transfer', 'lost', 'x', '{}', 'lost', 'publishing', now(), 'r1', gen_random_uuid(), $2)`, id, claimedPID)
 	f.Exec("SELECT pg_terminate_backend($1)", pid)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return slices.Contains(f.Entries(f.Stream()), id.String())
-	}, "the lost claim was not published (without a pid, it waits for its lease)")
+	}, "the lost claim was not published (%s)", why)
 }
