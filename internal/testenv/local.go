@@ -90,6 +90,7 @@ func LocalPostgres(ctx context.Context, opt Options) (_ *Server, err error) {
 				"-c", "synchronous_commit=off",
 				"-c", "full_page_writes=off",
 				"-c", "max_connections=300",
+				"-c", "dynamic_shared_memory_type=" + dsmType(dir),
 			}, opt.ExtraArgs...)
 		},
 		url: func(port int) string {
@@ -227,4 +228,16 @@ func appendFile(path, text string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// dsmType is where a server whose files are in dir keeps its dynamic shared
+// memory: in files of its data directory (pg_dynshmem) when dir is in
+// memory already, so that a server killed with its test process leaves
+// nothing behind its directory (sweep removes that); else in segments of
+// /dev/shm, PostgreSQL's default (a file on disk would be written back).
+func dsmType(dir string) string {
+	if strings.HasPrefix(dir, memoryDir+string(filepath.Separator)) {
+		return "mmap"
+	}
+	return "posix"
 }

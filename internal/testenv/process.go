@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -159,9 +160,14 @@ func makeTempDir(pattern string, owner *account) (string, error) {
 		}
 		base = "/tmp"
 	}
+	sweepOnce.Do(func() { sweep(base) })
 	dir, err := os.MkdirTemp(base, pattern)
 	if err != nil {
 		return "", fmt.Errorf("create temporary directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, makerFile), []byte(processID(os.Getpid())), 0o644); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", fmt.Errorf("record the directory's maker: %w", err)
 	}
 	if owner != nil {
 		if err := os.Chown(dir, int(owner.uid), int(owner.gid)); err != nil {
@@ -170,6 +176,57 @@ func makeTempDir(pattern string, owner *account) (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// A server's directory records the process that made it (makerFile: its
+// pid and start time, processID). A test process killed outright (SIGKILL,
+// an OOM kill) takes its servers with it (Pdeathsig) but leaves their
+// directories, in memory under memoryDir until the machine restarts: the
+// first server a later test process starts removes the directories whose
+// maker is gone (sweep).
+const makerFile = "testenv-maker"
+
+var sweepOnce sync.Once
+
+// sweep removes base's server directories ("testenv-*") whose maker process
+// is gone. A directory without a maker file, or that it cannot remove (another
+// user's), is left alone.
+func sweep(base string) {
+	dirs, err := filepath.Glob(filepath.Join(base, "testenv-*"))
+	if err != nil {
+		return
+	}
+	for _, dir := range dirs {
+		maker, err := os.ReadFile(filepath.Join(dir, makerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.Fields(string(maker) + " x")[0])
+		if err != nil || processID(pid) == string(maker) {
+			continue // unreadable, or its maker runs
+		}
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// processID names process pid for as long as it runs: its pid and start time
+// (/proc/PID/stat, field 22), so that a later process given the same pid
+// is another; "" when it does not run (or there is no /proc).
+func processID(pid int) string {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The command name, field 2, is in parentheses and may hold anything.
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return ""
+	}
+	fields := strings.Fields(string(stat[i+1:])) // from field 3 on
+	if len(fields) < 20 {
+		return ""
+	}
+	return fmt.Sprintf("%d %s", pid, fields[19])
 }
 
 // traversable reports whether every directory on the path to dir can be

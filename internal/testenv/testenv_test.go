@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -397,5 +398,62 @@ func TestWithDatabase(t *testing.T) {
 	cfg, err := pgx.ParseConfig(got)
 	if err != nil || cfg.Database != "db1" || cfg.User != "u" {
 		t.Errorf("keyword/value form: %q -> %+v, %v", got, cfg, err)
+	}
+}
+
+// A test process killed outright leaves its servers' directories: the next
+// one removes those whose maker is gone, and nothing else.
+func TestSweepRemovesTheDirectoriesOfTestProcessesThatAreGone(t *testing.T) {
+	base := t.TempDir()
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	self := processID(os.Getpid())
+	if self == "" {
+		t.Fatal("processID of this process is empty")
+	}
+	dirs := map[string]struct {
+		maker string // "": no maker file
+		kept  bool
+	}{
+		"testenv-pg-exited":     {fmt.Sprintf("%d 1", gone.Process.Pid), false},
+		"testenv-redis-reused":  {fmt.Sprintf("%d 0", os.Getpid()), false}, // its pid, another start time
+		"testenv-pg-running":    {self, true},
+		"testenv-nats-nomaker":  {"", true},
+		"somethingelse-exited":  {fmt.Sprintf("%d 1", gone.Process.Pid), true},
+		"testenv-pg-unreadable": {"not a pid", true},
+	}
+	for name, d := range dirs {
+		dir := filepath.Join(base, name)
+		if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if d.maker != "" {
+			if err := os.WriteFile(filepath.Join(dir, makerFile), []byte(d.maker), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sweep(base)
+	for name, d := range dirs {
+		_, err := os.Stat(filepath.Join(base, name))
+		if kept := err == nil; kept != d.kept {
+			t.Errorf("%s (maker %q): kept %v, want %v", name, d.maker, kept, d.kept)
+		}
+	}
+
+	// makeTempDir records this process as the maker, and a sweep keeps it.
+	t.Setenv("TMPDIR", base)
+	dir, err := makeTempDir("testenv-pg-", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maker, err := os.ReadFile(filepath.Join(dir, makerFile)); err != nil || string(maker) != self {
+		t.Errorf("maker file %q, %v; want %q", maker, err, self)
+	}
+	sweep(base)
+	if _, err := os.Stat(dir); err != nil {
+		t.Errorf("the sweep removed a running process's directory: %v", err)
 	}
 }
