@@ -334,6 +334,27 @@ func TestAClaimWhoseReplyWasLostWhileListenWasDownIsTakenOverAtOnce(t *testing.T
 	lostClaimIsPublished(t, false, "without a pid, it waits for its lease")
 }
 
+// A relay process killed while its LISTEN connection was down leaves claims
+// without a pid, which no watch can find dead. The next process of its name
+// returns them to pending when its first LISTEN connection is up, as it does
+// its own lost claims after a reconnection: they are not its own (it holds
+// no token yet). Before, only their lease (30 s) returned them, and their
+// keys waited that long.
+func TestClaimsWithoutAPidOfAPreviousProcessOfTheSameNameAreTakenOverAtOnce(t *testing.T) {
+	f := newFixture(t)
+	id := uuid.New()
+	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
+			status, claimed_at, claimed_by, claim_token, claimed_pid)
+		VALUES ($1, 'transfer', 'left', 'x', '{}', 'left', 'publishing', now(), 'r1', gen_random_uuid(), NULL)`, id)
+	started := time.Now()
+	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
+	f.Run(r.Run)
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return slices.Contains(f.Entries(f.Stream()), id.String())
+	}, "the previous process's claim without a pid was not published: it waits for its lease")
+	t.Logf("published %s after the relay started", time.Since(started).Round(time.Millisecond))
+}
+
 // lostClaimIsPublished writes a claim of relay r1 with a token r1 never
 // saw (a claim whose reply was lost), under r1's LISTEN backend if withPID,
 // else with no pid (taken while that connection was down); then ends that

@@ -202,24 +202,23 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 		// its backend gone (relay_bury.sql).
 		return err
 	}
-	if len(l.past) > 0 {
-		// This relay's claims and slots taken under its earlier LISTEN
-		// connections are its own still: stamp them with the new pid before
-		// the other relays (or this one) take them for a dead relay's (an
-		// earlier backend may be alive still, behind a half-open link, but
-		// only a member's pid is a live relay's: migration 0018).
-		// Claims it does not know of (their reply was lost) keep the
-		// earlier pid, or get one if they had none (taken while the LISTEN
-		// connection was down): the reaper returns them to pending now.
-		st := queries.RelayRestamp(r.cfg.Name, l.past, r.loop.held.list())
-		sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
-		_, err := conn.Exec(sctx, st.SQL, st.Args...)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("restamp the relay's claims and slots: %w", err)
-		}
-		r.reaper.bury(watchDead)
+	// This relay's claims and slots taken under its earlier LISTEN
+	// connections, or while it had none, are its own still: stamp them with
+	// the new pid before the other relays (or this one) take them for a dead
+	// relay's (an earlier backend may be alive still, behind a half-open
+	// link, but only a member's pid is a live relay's: migration 0018).
+	// Claims it does not know of (their reply was lost, or a previous
+	// process of its name took them while its LISTEN connection was down)
+	// keep the earlier pid, or get one no live relay has if they had none:
+	// the reaper returns them to pending now.
+	st := queries.RelayRestamp(r.cfg.Name, l.past, r.loop.held.list())
+	sctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
+	_, err = conn.Exec(sctx, st.SQL, st.Args...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("restamp the relay's claims and slots: %w", err)
 	}
+	r.reaper.bury(watchDead)
 	l.past = append(l.past[max(len(l.past)-15, 0):], pid)
 	l.pid.Store(uint32(pid))
 	defer l.pid.Store(0)

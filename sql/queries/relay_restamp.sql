@@ -16,14 +16,17 @@
 -- A claim taken while the LISTEN connection was down has no pid: the
 -- relay's (@relay) that it knows are stamped too; one whose reply was lost
 -- is stamped with an earlier backend's pid (the last of @past_pids, gone
--- or no member's), so the reaper returns it at once as well.
+-- or no member's), so the reaper returns it at once as well. On a process's
+-- first LISTEN connection (@past_pids empty, @tokens too) every claim of
+-- @relay without a pid is a previous process's, killed while its LISTEN
+-- connection was down: each gets -1, no backend's pid, and is returned so.
 WITH slots AS (
     UPDATE outbox_relay_partitions
        SET owner_pid = pg_backend_pid()
      WHERE owner_pid = ANY(@past_pids::int[])
 ), unknown AS (
     UPDATE outbox_messages
-       SET claimed_pid = (@past_pids::int[])[cardinality(@past_pids::int[])]
+       SET claimed_pid = coalesce((@past_pids::int[])[cardinality(@past_pids::int[])], -1)
      WHERE unpublished
        AND status = 'publishing'
        AND claimed_pid IS NULL
