@@ -243,6 +243,10 @@ func printRelays(w io.Writer, st *status.Status) {
 		}
 		fmt.Fprintf(w, "  slot %-3d owner %s  waiting %d  oldest %.1fs\n", s.Slot, owner, s.Waiting, s.OldestSeconds)
 	}
+	if st.RelayPartitionsCappedAt > 0 {
+		fmt.Fprintf(w, "  (waiting: among the oldest %d unpublished rows only, and there may be more; outbox status without --light counts them all)\n",
+			st.RelayPartitionsCappedAt)
+	}
 }
 
 func printStream(w io.Writer, st *status.Status) {

@@ -249,7 +249,22 @@ func TestStatusShowsRetryingAndDeadRows(t *testing.T) {
 		len(light.RetryingEvents) != 1 || len(light.RelayPartitions) != 16 {
 		t.Fatalf("light read: %+v (err %v)", light, err)
 	}
-	if code, st = d.status("--stream", d.stream(), "--key-prefix", d.keyPrefix()); !st.PublishedCounted || st.Published != 1 {
+	if light.RelayPartitionsCappedAt != 0 {
+		t.Errorf("light read of 1 unpublished row: slots capped at %d, want 0 (every row counted)", light.RelayPartitionsCappedAt)
+	}
+	// The slots' backlogs stop at LightSlotRows rows, and say so.
+	capped, err := status.Read(context.Background(), status.Options{Stream: d.stream(), Group: "fraud", KeyPrefix: d.keyPrefix(), Light: true, LightSlotRows: 1},
+		status.Servers{Postgres: d.pool, Redis: d.rdb.Client})
+	if err != nil || capped.RelayPartitionsCappedAt != 1 {
+		t.Fatalf("light read counting 1 row of 1 unpublished: slots capped at %d, want 1 (err %v)", capped.RelayPartitionsCappedAt, err)
+	}
+	capped.RelaySlots = map[string]int{"r1": 16} // printed with slots held only
+	var text strings.Builder
+	printStatus(&text, capped)
+	if want := "(waiting: among the oldest 1 unpublished rows only, and there may be more"; !strings.Contains(text.String(), want) {
+		t.Errorf("text lacks %q:\n%s", want, text.String())
+	}
+	if code, st = d.status("--stream", d.stream(), "--key-prefix", d.keyPrefix()); !st.PublishedCounted || st.Published != 1 || st.RelayPartitionsCappedAt != 0 {
 		t.Fatalf("status counts the published rows: exit %d, %+v", code, st)
 	}
 	code, stdout, _ := run(t, d.env, "status", "--stream", d.stream(), "--key-prefix", d.keyPrefix())

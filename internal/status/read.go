@@ -1,6 +1,7 @@
 package status
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,8 +40,12 @@ type Options struct {
 	// Light reads what costs the backlog, not the table, for a caller that
 	// reads often (the console): the published rows are not counted
 	// (Status.PublishedCounted false), and each slot's backlog is counted
-	// among the oldest LightSlotRows unpublished rows only.
+	// among the oldest LightSlotRows unpublished rows only
+	// (Status.RelayPartitionsCappedAt says when there were more).
 	Light bool
+	// LightSlotRows, when not 0, replaces the package's LightSlotRows for
+	// this read (tests).
+	LightSlotRows int64
 }
 
 // LightSlotRows bounds the rows whose slot Options.Light counts.
@@ -59,6 +64,7 @@ func New(opts Options) *Status {
 		ByPartition: make([]Partition, n),
 		samples:     max(opts.Samples, 0),
 		light:       opts.Light,
+		slotRows:    cmp.Or(opts.LightSlotRows, LightSlotRows),
 	}
 	for p := range st.ByPartition {
 		st.ByPartition[p] = Partition{Partition: p, Stream: partition.Stream(opts.Stream, p, opts.Partitions)}
@@ -75,7 +81,7 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	q, slotRows := queries.Status(st.Aggregate), int64(math.MaxInt64)
 	if st.light {
-		q, slotRows = queries.StatusLight(st.Aggregate), LightSlotRows
+		q, slotRows = queries.StatusLight(st.Aggregate), st.slotRows
 	}
 	var published *int64
 	err := pool.QueryRow(ctx, q.SQL, q.Args...).
@@ -114,7 +120,9 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	var s RelayPartition
 	var owner *string
+	var counted int64 // the rows the slots' backlogs counted
 	_, err = pgx.ForEachRow(rows, []any{&s.Slot, &owner, &s.Alive, &s.LeaseSecondsLeft, &s.Waiting, &s.OldestSeconds}, func() error {
+		counted += s.Waiting
 		s.Owner = ""
 		if owner == nil {
 			st.RelaySlotsFree++
@@ -130,6 +138,10 @@ func (st *Status) ReadPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 	})
 	if err != nil {
 		return fmt.Errorf("read the relays' partition slots: %w", err)
+	}
+	if counted >= slotRows {
+		// Every unpublished row is in one slot: the count stopped there.
+		st.RelayPartitionsCappedAt = slotRows
 	}
 	q = queries.StatusRetrying(st.Aggregate, int64(samples))
 	rows, err = pool.Query(ctx, q.SQL, q.Args...)

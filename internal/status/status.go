@@ -54,6 +54,11 @@ type Status struct {
 	RelaySlotsFree int            `json:"relay_slots_free"`
 	// RelayPartitions is each partition slot: its owner and its backlog.
 	RelayPartitions []RelayPartition `json:"relay_partitions"`
+	// RelayPartitionsCappedAt: a light read (--light, the console) counted
+	// the slots' backlogs among the oldest this many unpublished rows and
+	// reached that many: there may be more, and each slot's Waiting may be
+	// larger (0: every unpublished row was counted).
+	RelayPartitionsCappedAt int64 `json:"relay_partitions_capped_at,omitempty"`
 	// RetryingEvents and DeadEvents are the first of the retrying rows
 	// (the next due first) and of the dead rows (oldest first), at most
 	// Options.Samples of each.
@@ -96,8 +101,9 @@ type Status struct {
 	// PostgresReadFailed: PostgreSQL answered, and a query failed.
 	PostgresReadFailed bool `json:"-"`
 
-	samples int  // rows of each kind to list (Options.Samples)
-	light   bool // Options.Light
+	samples  int   // rows of each kind to list (Options.Samples)
+	light    bool  // Options.Light
+	slotRows int64 // with light, the rows the slots' backlogs are counted among
 }
 
 // Relay is one relay known to the database.

@@ -83,6 +83,11 @@ function draw(state) {
     { "data-name": r.name, class: r.alive ? "" : "dead" })));
   fill("slots", st.relay_partitions.filter((s) => s.waiting > 0).map((s) => row(
     [s.slot, s.owner ? s.owner + (s.alive ? "" : " (dead)") : "(none)", s.waiting, seconds(s.oldest_seconds)])));
+  const capped = document.getElementById("slots-capped");
+  capped.hidden = !st.relay_partitions_capped_at;
+  capped.textContent = st.relay_partitions_capped_at
+    ? "waiting: among the oldest " + st.relay_partitions_capped_at + " unpublished rows only, and there may be more (outbox status counts them all)"
+    : "";
 
   document.getElementById("group-name").textContent = st.group + " on " + st.stream;
   figures("group", [
