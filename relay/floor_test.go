@@ -40,7 +40,9 @@ func TestReadsSkipWhatALongTransactionKeeps(t *testing.T) {
 	const n, drains = 3000, 20
 	f := newFixture(t)
 	holdHorizon(t, f.Pool)
-	insertEvents(t, f.Pool, "floor", n)
+	// Over 100 keys: 30 reads publish it (over ten, 300 reads of 30 ms
+	// each, behind the horizon, took most of the test's time).
+	insertEventsOver(t, f.Pool, "floor", n, 100)
 
 	// The backlog, published by a relay whose reads are not counted.
 	first, firstPool := relayOnPool(f, "floor-first")
@@ -174,8 +176,16 @@ func holdHorizon(t *testing.T, pool *pgxpool.Pool) {
 // plain SQL, in one transaction.
 func insertEvents(t *testing.T, pool *pgxpool.Pool, typ string, n int) {
 	t.Helper()
+	insertEventsOver(t, pool, typ, n, 10)
+}
+
+// insertEventsOver is insertEvents over keys keys ("k0", "k1", ...): a relay
+// publishes one event of a key per read, so a backlog of few keys takes a
+// read per event of its busiest key.
+func insertEventsOver(t *testing.T, pool *pgxpool.Pool, typ string, n, keys int) {
+	t.Helper()
 	_, err := pool.Exec(context.Background(), `INSERT INTO outbox_messages (aggregate_type, aggregate_id, event_type, payload, partition_key)
-		SELECT $1, 'k' || (g % 10), 'x', '{}', 'k' || (g % 10) FROM generate_series(1, $2::int) g`, typ, n)
+		SELECT $1, 'k' || (g % $3), 'x', '{}', 'k' || (g % $3) FROM generate_series(1, $2::int) g`, typ, n, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
