@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tedbank/outbox/internal/pgerr"
 	"github.com/tedbank/outbox/internal/queries"
 )
 
@@ -73,15 +74,27 @@ func (r *Relay) markFailed(ctx context.Context, f *pendingMark, delays []int64) 
 	return len(rows), nil
 }
 
-// markPublished sends m's mark on its own and counts it in res.
+// markPublished sends m's mark on its own and counts it in res. A mark the
+// server ended to break a deadlock is sent again (markDeadlockTries in all):
+// the restamp of a LISTEN connection that came back updates the same rows
+// (relay_restamp.sql), and a mark given up leaves its rows claimed, and
+// every later event of their keys waiting, until their lease runs out (a
+// .ci/run's backlog test: 30 s).
 func (r *Relay) markPublished(ctx context.Context, res *BatchResult, m *pendingMark) error {
 	tag, err := r.exec(ctx, m.fence.published(m))
+	for try := 1; try < markDeadlockTries && pgerr.Deadlocked(err); try++ {
+		r.log.Info("a mark lost a deadlock; sending it again", slog.Int("rows", len(m.ids)))
+		tag, err = r.exec(ctx, m.fence.published(m))
+	}
 	if err != nil {
 		return fmt.Errorf("mark %d rows published: %w", len(m.ids), err)
 	}
 	r.notePublished(res, m, int(tag.RowsAffected()))
 	return nil
 }
+
+// markDeadlockTries bounds the sends of one mark that lose deadlocks.
+const markDeadlockTries = 3
 
 // notePublished counts a mark that updated n of m's rows; the others were
 // re-claimed by another relay after our lease expired (fenced).

@@ -51,3 +51,11 @@ func TimedOut(err error) bool {
 	return err != nil && !errors.Is(err, context.Canceled) &&
 		(errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err))
 }
+
+// Deadlocked reports whether err is a deadlock the server broke by ending
+// this round trip's transaction (40P01): nothing of it committed, and sent
+// again, it takes its locks anew while the other transaction goes on.
+func Deadlocked(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Code == "40P01"
+}

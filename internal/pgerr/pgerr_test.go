@@ -51,3 +51,21 @@ func TestTimedOut(t *testing.T) {
 		}
 	}
 }
+
+func TestDeadlocked(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"deadlock", fmt.Errorf("mark 10 rows published: %w", &pgconn.PgError{Severity: "ERROR", Code: "40P01"}), true},
+		{"serialization failure", &pgconn.PgError{Severity: "ERROR", Code: "40001"}, false},
+		{"terminated backend", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, false},
+		{"socket closed", io.ErrUnexpectedEOF, false},
+	} {
+		if got := Deadlocked(c.err); got != c.want {
+			t.Errorf("%s: Deadlocked(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}
