@@ -124,3 +124,37 @@ func (b *gatedBroker) Publish(ctx context.Context, msgs []broker.Message, dests 
 	<-b.proceed
 	return ids, errs
 }
+
+// The restamp of a LISTEN connection that came back never waits for a row
+// another transaction holds (a mark of the relay's, which it could deadlock
+// with): the connection is back while the row is still locked.
+func TestRestampSkipsLockedClaims(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
+	f.Run(r.Run)
+	var pid int32
+	outboxtest.Eventually(t, 10*time.Second, func() bool {
+		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
+			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
+	}, "the relay is not listening")
+	// A claim of r1's without a pid, which the restamp updates, locked.
+	id := uuid.New()
+	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
+			status, claimed_at, claimed_by, claim_token, claimed_pid)
+		VALUES ($1, 'transfer', 'locked', 'x', '{}', 'locked', 'publishing', now(), 'r1', gen_random_uuid(), NULL)`, id)
+	tx, err := f.Pool.Begin(f.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(f.Ctx)) }()
+	if _, err := tx.Exec(f.Ctx, "SELECT 1 FROM outbox_messages WHERE id = $1 FOR UPDATE", id); err != nil {
+		t.Fatal(err)
+	}
+	f.Exec("SELECT pg_terminate_backend($1)", pid)
+	outboxtest.Eventually(t, 5*time.Second, func() bool {
+		var now int32
+		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
+			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&now) == nil && now != pid
+	}, "the LISTEN connection is not back while a claimed row is locked: its restamp waits for the lock")
+}

@@ -24,22 +24,31 @@
 -- HOT update): this walks the unpublished rows' index, about 0.25 s per
 -- million unpublished rows on the reference machine, at each LISTEN
 -- connection.
+-- SKIP LOCKED: a row or slot another transaction holds is being changed
+-- (by this relay's mark, which publishes it, its renewal, which stamps its
+-- slots, or the reaper, which returns it); waiting for it could deadlock
+-- with that mark (the rows locked in another order), and PostgreSQL then
+-- ended one of the two (a .ci/run's backlog test: the mark, and its rows
+-- stayed claimed for their lease).
 WITH slots AS (
-    UPDATE outbox_relay_partitions
+    UPDATE outbox_relay_partitions p
        SET owner_pid = pg_backend_pid()
-     WHERE owner_pid = ANY(@past_pids::int[])
-), unknown AS (
-    UPDATE outbox_messages
-       SET claimed_pid = coalesce((@past_pids::int[])[cardinality(@past_pids::int[])], -1)
+      FROM (SELECT slot
+              FROM outbox_relay_partitions
+             WHERE owner_pid = ANY(@past_pids::int[])
+               FOR UPDATE SKIP LOCKED) s
+     WHERE p.slot = s.slot
+), claims AS MATERIALIZED (
+    SELECT id, coalesce(claim_token = ANY(@tokens::uuid[]), false) AS known
+      FROM outbox_messages
      WHERE unpublished
        AND status = 'publishing'
-       AND claimed_pid IS NULL
-       AND claimed_by = @relay
-       AND NOT claim_token = ANY(@tokens::uuid[])
+       AND (claimed_pid = ANY(@past_pids::int[]) OR claimed_pid IS NULL AND claimed_by = @relay)
+       FOR UPDATE SKIP LOCKED
 )
-UPDATE outbox_messages
-   SET claimed_pid = pg_backend_pid()
- WHERE unpublished
-   AND status = 'publishing'
-   AND (claimed_pid = ANY(@past_pids::int[]) OR claimed_pid IS NULL AND claimed_by = @relay)
-   AND claim_token = ANY(@tokens::uuid[])
+UPDATE outbox_messages o
+   SET claimed_pid = CASE WHEN c.known THEN pg_backend_pid()
+                          ELSE coalesce((@past_pids::int[])[cardinality(@past_pids::int[])], -1) END
+  FROM claims c
+ WHERE o.id = c.id
+   AND (c.known OR o.claimed_pid IS NULL AND o.claim_token IS NOT NULL)
