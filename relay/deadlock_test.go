@@ -131,18 +131,10 @@ func (b *gatedBroker) Publish(ctx context.Context, msgs []broker.Message, dests 
 func TestRestampSkipsLockedClaims(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
-	f.Run(r.Run)
-	var pid int32
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
-			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
-	}, "the relay is not listening")
+	r, pid := listeningR1(f)
 	// A claim of r1's without a pid, which the restamp updates, locked.
 	id := uuid.New()
-	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
-			status, claimed_at, claimed_by, claim_token, claimed_pid)
-		VALUES ($1, 'transfer', 'locked', 'x', '{}', 'locked', 'publishing', now(), 'r1', gen_random_uuid(), NULL)`, id)
+	insertClaimOfR1(f, id, "locked", nil)
 	tx, err := f.Pool.Begin(f.Ctx)
 	if err != nil {
 		t.Fatal(err)

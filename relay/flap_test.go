@@ -16,6 +16,7 @@ import (
 
 	"github.com/tedbank/outbox/internal/outboxtest"
 	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/relay"
 	"github.com/tedbank/outbox/transfer"
 )
 
@@ -343,9 +344,7 @@ func TestAClaimWhoseReplyWasLostWhileListenWasDownIsTakenOverAtOnce(t *testing.T
 func TestClaimsWithoutAPidOfAPreviousProcessOfTheSameNameAreTakenOverAtOnce(t *testing.T) {
 	f := newFixture(t)
 	id := uuid.New()
-	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
-			status, claimed_at, claimed_by, claim_token, claimed_pid)
-		VALUES ($1, 'transfer', 'left', 'x', '{}', 'left', 'publishing', now(), 'r1', gen_random_uuid(), NULL)`, id)
+	insertClaimOfR1(f, id, "left", nil)
 	started := time.Now()
 	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
 	f.Run(r.Run)
@@ -362,23 +361,38 @@ func TestClaimsWithoutAPidOfAPreviousProcessOfTheSameNameAreTakenOverAtOnce(t *t
 func lostClaimIsPublished(t *testing.T, withPID bool, why string) {
 	t.Helper()
 	f := newFixture(t)
-	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
-	f.Run(r.Run)
-	var pid int32
-	outboxtest.Eventually(t, 10*time.Second, func() bool {
-		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
-			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
-	}, "the relay is not listening")
+	_, pid := listeningR1(f)
 	var claimedPID any // NULL
 	if withPID {
 		claimedPID = pid
 	}
 	id := uuid.New()
-	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
-			status, claimed_at, claimed_by, claim_token, claimed_pid)
-		VALUES ($1, 'transfer', 'lost', 'x', '{}', 'lost', 'publishing', now(), 'r1', gen_random_uuid(), $2)`, id, claimedPID)
+	insertClaimOfR1(f, id, "lost", claimedPID)
 	f.Exec("SELECT pg_terminate_backend($1)", pid)
 	outboxtest.Eventually(t, 10*time.Second, func() bool {
 		return slices.Contains(f.Entries(f.Stream()), id.String())
 	}, "the lost claim was not published (%s)", why)
+}
+
+// listeningR1 runs relay r1 (row claims) and returns it with its LISTEN
+// backend's pid once it is listening and registered.
+func listeningR1(f *fixture) (*relay.Relay, int32) {
+	f.T.Helper()
+	r := f.NewRelay(f.RowsRelayConfig("r1"), nil)
+	f.Run(r.Run)
+	var pid int32
+	outboxtest.Eventually(f.T, 10*time.Second, func() bool {
+		return r.Stats().ListenUp && f.Pool.QueryRow(f.Ctx,
+			"SELECT pid FROM outbox_relay_members WHERE owner = 'r1' AND pid IS NOT NULL").Scan(&pid) == nil
+	}, "the relay is not listening")
+	return r, pid
+}
+
+// insertClaimOfR1 writes event id of key key as claimed by relay r1 under a
+// token r1 never saw, with claimed_pid pid (nil: none).
+func insertClaimOfR1(f *fixture, id uuid.UUID, key string, pid any) {
+	f.T.Helper()
+	f.Exec(`INSERT INTO outbox_messages (id, aggregate_type, aggregate_id, event_type, payload, partition_key,
+			status, claimed_at, claimed_by, claim_token, claimed_pid)
+		VALUES ($1, 'transfer', $2, 'x', '{}', $2, 'publishing', now(), 'r1', gen_random_uuid(), $3)`, id, key, pid)
 }
