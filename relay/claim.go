@@ -109,7 +109,7 @@ func queueRelayTx(b *pgx.Batch) {
 // transaction block, is closed by the pool when it is released.
 func (r *Relay) sendTx(ctx context.Context, b *pgx.Batch) error {
 	b.Queue("COMMIT")
-	return r.pool.SendBatch(ctx, b).Close()
+	return r.pool.roundTrip(func() error { return r.pool.SendBatch(ctx, b).Close() })
 }
 
 // indexedClaim keeps the claim on its partial indexes, walked in seq order,
@@ -180,6 +180,11 @@ func (r *Relay) execFrom(ctx context.Context, floor *readFloor, st queries.State
 		return nil
 	})
 	return tag, err
+}
+
+// queryRow runs st on the pool and scans its one row into dest.
+func (r *Relay) queryRow(ctx context.Context, st queries.Statement, dest ...any) error {
+	return r.pool.roundTrip(func() error { return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...) })
 }
 
 // queue adds st to b.

@@ -87,9 +87,7 @@ func (r *Relay) checkOwnership(ctx context.Context, exec func(ctx context.Contex
 // connection: a database that does not answer yet is checked again once the
 // LISTEN connection reaches it.
 func (r *Relay) refuseMixedOwnership(ctx context.Context) error {
-	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
-		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	})
+	err := r.checkOwnership(ctx, r.queryRow)
 	if err != nil && !errors.Is(err, ErrMixedOwnership) {
 		r.log.Warn("could not check for relays of the other ownership; checking once listening", slog.Any("error", err))
 		return nil

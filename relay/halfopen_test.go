@@ -1,12 +1,24 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/outboxtest"
+	"github.com/tedbank/outbox/internal/relaytest"
+	"github.com/tedbank/outbox/internal/tcpproxy"
+	"github.com/tedbank/outbox/relay"
 )
 
 // A link that goes half-open leaves every connection over it silent: the
@@ -59,5 +71,88 @@ func TestHalfOpenLinkCostsOneTimeoutAtMost(t *testing.T) {
 	// each of the pool's silent connections could cost one in turn (20 s).
 	if took > 12*time.Second {
 		t.Errorf("published %s after the link went half-open, want within 12 s (one claim timeout, then fresh connections)", took.Round(time.Millisecond))
+	}
+}
+
+// Every round trip of the relay that gets no answer in time closes the
+// pool's connections, not the drain's alone: a lease renewal (partition
+// leases, every second), a reap or a takeover that timed out on a silent
+// connection leaves the pool's other silent connections behind otherwise,
+// and the next claim takes one of them for its whole timeout (10 s). Here
+// the LISTEN connection does not go through the link, so that its watch
+// (which closes the pool's connections too) does not hide what the other
+// round trips do. The chaos suite's blackhole found events waiting 18 s
+// after a link came back: renewals and reaps timed out one after the other
+// on the connections it had left silent before a claim did.
+func TestRoundTripThatTimedOutDropsTheSilentConnections(t *testing.T) {
+	for _, ownership := range []string{relay.OwnPartitions, relay.OwnRows} {
+		t.Run(ownership, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			// The pool the CLI opens (connect.Postgres: it pings only a
+			// connection idle for over a minute), through a proxy.
+			pcfg, err := pgx.ParseConfig(f.DBURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy, err := tcpproxy.Start(fmt.Sprintf("%s:%d", pcfg.Host, pcfg.Port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = proxy.Close() })
+			u, err := url.Parse(f.DBURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.Host = proxy.Addr()
+			pool, err := connect.Postgres(f.Ctx, u.String(), connect.PostgresOptions{AppName: "outbox-silent-" + ownership})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			// Fill the pool: every connection it holds goes through the proxy.
+			var wg sync.WaitGroup
+			for range int(pool.Config().MaxConns) {
+				wg.Go(func() {
+					if _, err := pool.Exec(f.Ctx, "SELECT pg_sleep(0.05)"); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			listen, err := pgx.ParseConfig(f.DBURL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs relaytest.SyncBuffer
+			cfg := f.RelayConfigOf("silent", ownership)
+			cfg.ListenConfig = listen
+			cfg.Lease = 2 * time.Second // a reap a second
+			cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, os.Stderr), nil))
+			r := f.NewRelayWithPool(pool, cfg)
+			sig := relaytest.Signals(r)
+			f.Run(r.Run)
+			// The start-up drains are over: no claim is in flight when the
+			// link goes silent, and nothing wakes the drainer until the TED.
+			relaytest.WaitCaughtUp(t, sig, 0)
+
+			proxy.Freeze()
+			// The first round trip to time out: a lease renewal, a reap, a
+			// takeover's (the relay is idle: no claim is in flight).
+			outboxtest.Eventually(t, 20*time.Second, func() bool { return bytes.Contains(logs.Bytes(), []byte("context deadline exceeded")) },
+				"no round trip of the relay timed out on the silent link")
+			start := time.Now()
+			f.Settle(1)
+			outboxtest.Eventually(t, 30*time.Second, func() bool { return len(f.Entries(f.Stream())) == 1 },
+				"the TED settled after a round trip timed out was not published in 30 s")
+			took := time.Since(start)
+			t.Logf("published %s after a round trip timed out on the silent link", took.Round(time.Millisecond))
+			// A fresh connection's dial and a claim, with slack for a loaded
+			// machine; a silent connection costs a claim's timeout (10 s).
+			if took > 5*time.Second {
+				t.Errorf("published %s after a %s round trip timed out on a silent connection, want within 5 s: "+
+					"the pool kept its other silent connections", took.Round(time.Millisecond), ownership)
+			}
+		})
 	}
 }

@@ -257,6 +257,7 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 			// after this one ends, so that a slow server's watches never
 			// run back to back with no wait for notifications in between.
 			var w watchResult
+			gen := r.pool.resets.Load()
 			wctx, cancel := context.WithTimeout(ctx, watchTimeout)
 			err := queryRowOn(wctx, conn, queries.RelayWatch(stallAfter.Milliseconds())).Scan(&w.dead, &w.silenced, &w.stalled)
 			cancel()
@@ -266,7 +267,7 @@ func (l *listener) listenOn(ctx context.Context, failures int, established *bool
 					return nil
 				}
 				if pgerr.TimedOut(err) {
-					r.dropSilentConns("the LISTEN connection's watch timed out")
+					r.pool.dropSilent(gen, "the LISTEN connection's watch timed out")
 				}
 				return fmt.Errorf("watch: %w", err)
 			}

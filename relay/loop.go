@@ -176,9 +176,6 @@ func (r *Relay) drainFailed(published int, err error) time.Duration {
 		r.connLost(err)
 		return time.Nanosecond
 	}
-	if pgerr.TimedOut(err) {
-		r.dropSilentConns("a drain timed out")
-	}
 	now := time.Now()
 	r.loop.db.failures++
 	if r.loop.db.failures == 1 {
@@ -224,23 +221,12 @@ func (r *Relay) freshTries() int { return int(r.pool.Config().MaxConns) + 1 }
 // the server closed (freshTries at most). fn must be whole: one round trip
 // or transaction built anew at each call.
 func (r *Relay) onFresh(fn func() error) error {
-	err := fn()
+	err := r.pool.roundTrip(fn)
 	for i := 0; i < r.freshTries() && pgerr.ConnLost(err); i++ {
 		r.connLost(err)
-		err = fn()
+		err = r.pool.roundTrip(fn)
 	}
 	return err
-}
-
-// dropSilentConns closes the pool's connections (those in use when they are
-// given back): a round trip that got no answer in time, or a LISTEN
-// connection gone silent, may be a half-open link, which leaves every
-// connection made over it silent too. Without this, the next round trips
-// would take those connections one after the other, each for a whole
-// timeout (a claim's is 10 s); fresh ones cost a dial each.
-func (r *Relay) dropSilentConns(why string) {
-	r.log.Info("closing the pool's connections: a half-open link may have left them silent", slog.String("why", why))
-	r.pool.Reset()
 }
 
 // connLost logs a round trip tried again at once on a fresh connection.

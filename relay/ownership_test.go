@@ -41,7 +41,7 @@ func TestOwnershipIsChosenOnlyAtConstruction(t *testing.T) {
 	if checked < 10 {
 		t.Fatalf("checked %d files", checked)
 	}
-	if o := newOwnership(&Relay{cfg: Config{Lease: DefaultLease}}, OwnPartitions); o.leases == nil || o.leases.renewEvery() == 0 {
+	if o := newOwnership(&Relay{cfg: Config{Lease: DefaultLease}, pool: &conns{}}, OwnPartitions); o.leases == nil || o.leases.renewEvery() == 0 {
 		t.Fatal("partition ownership renews nothing")
 	}
 }

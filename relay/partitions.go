@@ -39,7 +39,7 @@ type partitionLeases struct {
 }
 
 func newPartitionLeases(r *Relay) *partitionLeases {
-	return &partitionLeases{r: r, leases: leases.New(r.pool, r.log, leaseHost{r}, leases.Settings{
+	return &partitionLeases{r: r, leases: leases.New(r.pool.Pool, r.log, leaseHost{r}, leases.Settings{
 		Owner: r.cfg.Name, Lease: r.cfg.Lease, PublishTimeout: r.cfg.PublishTimeout, Timeout: markTimeout,
 	})}
 }
@@ -213,9 +213,7 @@ func (p *partitionLeases) prepare(ctx context.Context) error {
 	if p.leftoversReclaimed {
 		return nil
 	}
-	err := r.checkOwnership(ctx, func(ctx context.Context, st queries.Statement, dest ...any) error {
-		return r.pool.QueryRow(ctx, st.SQL, st.Args...).Scan(dest...)
-	})
+	err := r.checkOwnership(ctx, r.queryRow)
 	if errors.Is(err, ErrMixedOwnership) && r.stop != nil {
 		r.log.Error("relay stopping", slog.Any("error", err))
 		r.stop(err)
@@ -251,7 +249,11 @@ func (r *Relay) resolveOwnership(ctx context.Context) error {
 		return nil
 	}
 	for failures := 1; ; failures++ {
-		name, reason, err := leases.Choose(ctx, r.pool, r.cfg.Lease)
+		var name, reason string
+		err := r.pool.roundTrip(func() (err error) {
+			name, reason, err = leases.Choose(ctx, r.pool.Pool, r.cfg.Lease)
+			return err
+		})
 		if err == nil {
 			r.chooseOwnership(name)
 			r.log.Info("ownership chosen (auto)", slog.String("ownership", name), slog.String("by", reason))

@@ -353,3 +353,59 @@ func TestLonePartitionOwnerWakesNoOne(t *testing.T) {
 		return f.Count("SELECT count(*) FROM outbox_messages WHERE partition_key = ANY($1) AND status = 'published'", inB[:20]) == 20
 	}, "TEDs committed in b's slots while a was busy waited for b's poll (ten minutes)")
 }
+
+// A relay whose lease renewals failed for longer than a read may wait (its
+// slots' leases run too short to read, so its reads skip them) reads them
+// again the moment a renewal goes through: the rows committed meanwhile were
+// left behind by those reads, and the notifications that announced them are
+// spent, so without a drain at that renewal they would wait for the
+// fallback poll (here ten minutes; five seconds by default). Found behind
+// the chaos suite's blackhole: renewals that timed out on a half-open link.
+func TestRenewalAfterFailedOnesDrainsTheSlotsItCouldNotRead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	var logs relaytest.SyncBuffer
+	cfg := f.PartitionRelayConfig("renewing")
+	cfg.Lease = 2 * time.Second // a read needs a lease a second long (the publish timeout)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	r := f.NewRelay(cfg, nil)
+	sig := relaytest.Signals(r)
+	f.Run(r.Run)
+	relaytest.WaitCaughtUp(t, sig, 0)
+
+	// Renewals wait on this relay's membership row, and time out (3 s).
+	tx, err := f.Pool.Begin(f.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(f.Ctx)) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(f.Ctx, "SELECT 1 FROM outbox_relay_members WHERE owner = 'renewing' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	const failed = "partition lease renewal failed"
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return bytes.Contains(logs.Bytes(), []byte(failed)) },
+		"no renewal failed while the membership row was locked")
+
+	// A TED now: its notification's drain cannot read its slot.
+	sig.Idle.Clear()
+	f.Settle(1)
+	if _, err := sig.Idle.WaitFor(15*time.Second, nil); err != nil {
+		t.Fatalf("the drain of the TED's notification did not end: %v", err)
+	}
+	if n := len(f.Entries(f.Stream())); n != 0 {
+		t.Fatalf("%d entries published while every renewal failed: the test's premise (no slot readable) is gone", n)
+	}
+
+	if err := tx.Rollback(f.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	outboxtest.Eventually(t, 10*time.Second, func() bool { return len(f.Entries(f.Stream())) == 1 },
+		"the TED was not published after the renewals went through again")
+	took := time.Since(released)
+	t.Logf("published %s after the renewals went through again", took.Round(time.Millisecond))
+	// A renewal is due at most every 2/3 s; then a read.
+	if took > 3*time.Second {
+		t.Errorf("published %s after the renewals went through again, want within 3 s", took.Round(time.Millisecond))
+	}
+}

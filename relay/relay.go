@@ -64,7 +64,7 @@ const (
 // Relay moves events from outbox_messages to a broker.
 type Relay struct {
 	cfg    Config
-	pool   *pgxpool.Pool
+	pool   *conns
 	broker broker.Broker
 	log    *slog.Logger
 	wake   chan struct{}
@@ -130,10 +130,11 @@ func New(pool *pgxpool.Pool, b broker.Broker, cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("%w: the broker waits up to %s for its replicas: the publish timeout (%s) must be longer",
 			ErrConfig, c.ConfirmTimeout(), cfg.PublishTimeout)
 	}
+	log := cfg.Logger.With(slog.String("relay", cfg.Name))
 	r := &Relay{
 		cfg:  cfg,
-		pool: pool,
-		log:  cfg.Logger.With(slog.String("relay", cfg.Name)),
+		pool: &conns{Pool: pool, log: log},
+		log:  log,
 		wake: make(chan struct{}, 1),
 
 		// A relay starting cannot know what writers were last told (a

@@ -202,11 +202,16 @@ func (f Fence) Failed(ids []uuid.UUID, streamIDs []string, rows []int, delays []
 
 // Renew renews the slots this relay holds, gives back those above its
 // share and takes free ones up to it, in one transaction. It reports
-// whether it holds more than before (the relay drains them).
+// whether the relay may now read a slot it could not read before: one it
+// took, or one it kept whose lease had run too short to read (renewals
+// failed meanwhile). The relay drains then: the rows of such a slot were
+// left behind by the reads in between, and the notifications that
+// announced them are spent.
 func (l *Leases) Renew(ctx context.Context) (gained bool, _ error) {
 	ctx, cancel := context.WithTimeout(ctx, l.set.Timeout)
 	defer cancel()
 	sent := time.Now()
+	readable := l.usable()
 	l.due = sent.Add(l.RenewEvery())
 	leaseMS := l.set.Lease.Milliseconds()
 	tx, err := l.pool.Begin(ctx)
@@ -271,7 +276,12 @@ func (l *Leases) Renew(ctx context.Context) (gained bool, _ error) {
 		l.log.Info("partition leases", slog.Int("held", len(next)), slog.Int("taken", len(taken)),
 			slog.Int("released", len(released)), slog.Int("slots", slots), slog.Int("relays", relays))
 	}
-	return len(next) > before, nil
+	for _, slot := range l.usable() {
+		if !slices.Contains(readable, slot) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // heldSlot is a row of relay_lease_renew or relay_lease_acquire.
