@@ -99,7 +99,6 @@ func TestRoundTripThatTimedOutDropsTheSilentConnections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = proxy.Close() })
 			u, err := url.Parse(f.DBURL)
 			if err != nil {
 				t.Fatal(err)
@@ -107,9 +106,10 @@ func TestRoundTripThatTimedOutDropsTheSilentConnections(t *testing.T) {
 			u.Host = proxy.Addr()
 			pool, err := connect.Postgres(f.Ctx, u.String(), connect.PostgresOptions{AppName: "outbox-silent-" + ownership})
 			if err != nil {
+				_ = proxy.Close()
 				t.Fatal(err)
 			}
-			t.Cleanup(pool.Close)
+			relaytest.CloseBehind(t, pool, proxy)
 			// Fill the pool: every connection it holds goes through the proxy.
 			var wg sync.WaitGroup
 			for range int(pool.Config().MaxConns) {

@@ -24,7 +24,8 @@
 // loop: when to drain), drain.go (one drain: batches until empty), wakeup.go
 // (the wake-up protocol's states and the relay's words to writers),
 // batch.go (one batch: claim, publish through the broker, record), claim.go
-// (the claim's round trip), outcome.go and mark.go (recording
+// (the claim's round trip), conns.go (the pool, and what a round trip that
+// timed out does to it), outcome.go and mark.go (recording
 // what the publish did), ownership.go (row claims or partition leases,
 // chosen once: partitions.go drives the leases, whose protocol is package
 // relay/internal/leases), reap.go (expired claims back to
