@@ -31,6 +31,9 @@ import (
 // consumers with four partitions, with and without replica acknowledgement,
 // the admin commands, reconcile and the demo.
 func TestOnRedisCluster(t *testing.T) {
+	// Its own cluster, databases and key prefixes, and no bound on time:
+	// beside the others.
+	t.Parallel()
 	cluster, err := testenv.LocalRedisCluster(t.Context(), testenv.Options{})
 	if err != nil {
 		t.Fatalf("start a Redis Cluster: %v", err)
