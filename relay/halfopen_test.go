@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tedbank/outbox/internal/connect"
 	"github.com/tedbank/outbox/internal/outboxtest"
@@ -34,16 +35,7 @@ import (
 func TestHalfOpenLinkCostsOneTimeoutAtMost(t *testing.T) {
 	f := newFixture(t)
 	pool, pcfg, proxy := f.ProxiedPool("half-open-relay")
-	// Fill the pool: every connection it holds goes through the proxy.
-	var wg sync.WaitGroup
-	for range int(pcfg.MaxConns) {
-		wg.Go(func() {
-			if _, err := pool.Exec(f.Ctx, "SELECT pg_sleep(0.05)"); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
+	fillPool(t, pool)
 	cfg := f.RelayConfig("half-open")
 	cfg.ListenConfig = pcfg.ConnConfig.Copy()
 	r := f.NewRelayWithPool(pool, cfg)
@@ -110,16 +102,7 @@ func TestRoundTripThatTimedOutDropsTheSilentConnections(t *testing.T) {
 				t.Fatal(err)
 			}
 			relaytest.CloseBehind(t, pool, proxy)
-			// Fill the pool: every connection it holds goes through the proxy.
-			var wg sync.WaitGroup
-			for range int(pool.Config().MaxConns) {
-				wg.Go(func() {
-					if _, err := pool.Exec(f.Ctx, "SELECT pg_sleep(0.05)"); err != nil {
-						t.Error(err)
-					}
-				})
-			}
-			wg.Wait()
+			fillPool(t, pool)
 			listen, err := pgx.ParseConfig(f.DBURL)
 			if err != nil {
 				t.Fatal(err)
@@ -155,4 +138,19 @@ func TestRoundTripThatTimedOutDropsTheSilentConnections(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fillPool opens every connection pool may hold (one statement on each at
+// once), so that all of them go through its proxy when the link goes silent.
+func fillPool(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range int(pool.Config().MaxConns) {
+		wg.Go(func() {
+			if _, err := pool.Exec(t.Context(), "SELECT pg_sleep(0.05)"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
 }
